@@ -1,0 +1,217 @@
+// The wire contract in C++ (schemas/*.fbs): plain structs for every message, encode to
+// zstd(FlatBuffer) bytes, and strict decoding. Decoding verifies the buffer, bounds the
+// decompressed size before decompressing, and checks run id, fingerprint, fragment range, tensor
+// shapes against the layout, finite values and sane counters; any failure throws Rejection.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "core/codec/quantize.h"
+#include "core/codec/reject.h"
+#include "core/fragments/layout.h"
+
+namespace diloco {
+
+inline constexpr uint16_t kSchemaVersion = 1;
+
+struct CodecOptions {
+  DType dtype = DType::INT4;
+  uint32_t block_size = 128;  // values per scale for INT8/INT4
+  bool byte_shuffle = true;
+  int zstd_level = 1;
+};
+
+// What a reader expects; anything else is rejected.
+struct DecodeLimits {
+  std::string run_id;
+  uint64_t fingerprint = 0;
+  const FragmentLayout* layout = nullptr;   // required for tensor-carrying messages
+  uint64_t max_message_bytes = 64ull << 20; // compressed
+  uint64_t max_decompressed_bytes = 256ull << 20;
+  uint64_t max_tokens_per_step = 1ull << 24;  // Delta: tokens / inner_steps above this is absurd
+};
+
+// A dense fp32 tensor of one fragment, in layout order.
+struct DenseTensor {
+  uint32_t index = 0;
+  std::vector<int64_t> shape;
+  std::vector<float> values;
+};
+
+struct LogPosition {
+  std::string topic;
+  int32_t partition = -1;
+  int64_t offset = -1;
+  bool operator==(const LogPosition&) const = default;
+};
+
+// ---- Delta ----------------------------------------------------------------------------------
+struct DeltaHeader {
+  std::string run_id;
+  uint64_t fingerprint = 0;
+  std::string learner_id;
+  std::string region;
+  uint32_t fragment = 0;
+  uint64_t seq = 0;
+  uint64_t base_version = 0;
+  uint32_t inner_steps = 0;
+  uint64_t tokens = 0;
+  uint64_t learner_step = 0;
+  float train_loss = 0;
+  int64_t send_time_us = 0;
+};
+
+struct Delta {
+  DeltaHeader header;
+  DType dtype = DType::F32;
+  uint32_t block_size = 0;
+  bool byte_shuffle = false;
+  std::vector<DenseTensor> tensors;  // dequantized to fp32
+  size_t wire_bytes = 0;             // size of the compressed message it came from
+};
+
+// Tensors must already be quantized (the learner quantizes through ErrorFeedback).
+std::vector<uint8_t> encode_delta(const DeltaHeader& header, std::span<const QuantizedTensor> tensors,
+                                  const CodecOptions& options);
+// Convenience: quantize dense tensors (no error feedback) and encode.
+std::vector<uint8_t> encode_delta(const DeltaHeader& header, std::span<const DenseTensor> tensors,
+                                  const CodecOptions& options);
+Delta decode_delta(std::span<const uint8_t> bytes, const DecodeLimits& limits);
+// Header only (no tensor decoding): for routing and inspection; still verifies the buffer.
+DeltaHeader peek_delta_header(std::span<const uint8_t> bytes, const DecodeLimits& limits);
+
+// ---- FragmentParams -------------------------------------------------------------------------
+struct FragmentParams {
+  std::string run_id;
+  uint64_t fingerprint = 0;
+  uint32_t fragment = 0;
+  uint64_t version = 0;
+  uint64_t checksum = 0;  // checksum_fp32 over tensors in layout order
+  std::string merger_instance;
+  uint64_t epoch = 0;
+  std::vector<DenseTensor> tensors;
+};
+
+// Sent as fp32 (byte-shuffled); `checksum` is filled in by the encoder when it is 0.
+std::vector<uint8_t> encode_fragment_params(const FragmentParams& msg, int zstd_level = 1);
+// Also verifies the checksum against the decoded values (rejects with CorruptFrame otherwise).
+FragmentParams decode_fragment_params(std::span<const uint8_t> bytes, const DecodeLimits& limits);
+
+// ---- MergeRecord ----------------------------------------------------------------------------
+enum class DropReason : uint8_t { None = 0, Superseded = 1, TooStale = 2, Invalid = 3, PendingAtStop = 4 };
+enum class MergeRule : uint8_t { RadialDirectional = 0, WeightedAverage = 1 };
+enum class OuterOptimizerKind : uint8_t { Nesterov = 0, Sgd = 1 };
+const char* drop_reason_name(DropReason);
+
+struct DeltaRef {
+  LogPosition position;
+  std::string learner_id;
+  uint64_t seq = 0;
+  uint64_t base_version = 0;
+  uint64_t staleness = 0;
+  uint32_t inner_steps = 0;
+  uint64_t tokens = 0;
+  double weight = 0;
+};
+
+struct DroppedDelta {
+  DeltaRef delta;
+  DropReason reason = DropReason::None;
+  std::string detail;
+};
+
+struct OuterHyper {
+  float lr = 0.7f;
+  float momentum = 0.9f;
+  float staleness_alpha = 0.0f;
+  uint32_t max_staleness = 0;
+  uint32_t quorum = 1;
+};
+
+struct MergeRecord {
+  std::string run_id;
+  uint64_t fingerprint = 0;
+  uint32_t fragment = 0;
+  uint64_t version = 0;
+  uint64_t prev_version = 0;
+  std::vector<DeltaRef> inputs;
+  std::vector<DroppedDelta> dropped;
+  MergeRule rule = MergeRule::RadialDirectional;
+  OuterOptimizerKind optimizer = OuterOptimizerKind::Nesterov;
+  OuterHyper hyper;
+  uint64_t checksum = 0;
+  std::string merger_instance;
+  uint64_t epoch = 0;
+  int64_t merge_time_us = 0;
+};
+
+std::vector<uint8_t> encode_merge_record(const MergeRecord& msg, int zstd_level = 3);
+MergeRecord decode_merge_record(std::span<const uint8_t> bytes, const DecodeLimits& limits);
+
+// ---- FragmentState --------------------------------------------------------------------------
+struct FragmentState {
+  std::string run_id;
+  uint64_t fingerprint = 0;
+  uint32_t fragment = 0;
+  uint64_t version = 0;
+  std::vector<DenseTensor> params;
+  std::vector<DenseTensor> momentum;
+  std::vector<LogPosition> consumed;
+  std::optional<LogPosition> last_merge;
+  uint64_t checksum = 0;  // checksum_fp32 of params; filled in by the encoder when 0
+};
+
+std::vector<uint8_t> encode_fragment_state(const FragmentState& msg, int zstd_level = 1);
+// Verifies the checksum of params.
+FragmentState decode_fragment_state(std::span<const uint8_t> bytes, const DecodeLimits& limits);
+
+// ---- Member ---------------------------------------------------------------------------------
+enum class Role : uint8_t { Learner = 0, Merger = 1, Evaluator = 2 };
+const char* role_name(Role);
+
+struct Member {
+  std::string run_id;
+  std::string instance_id;
+  Role role = Role::Learner;
+  std::string region;
+  std::string endpoint;
+  uint64_t epoch = 0;
+  std::vector<uint32_t> owned_fragments;
+  std::vector<uint64_t> fragment_versions;
+  int64_t time_us = 0;
+  uint64_t step = 0;
+  float step_time_s = 0;
+  float tokens_per_s = 0;
+  float loss = 0;
+  uint64_t tokens = 0;
+  uint64_t bytes_sent = 0;
+};
+
+std::vector<uint8_t> encode_member(const Member& msg);
+// Checks run id (not fingerprint: membership is model-independent).
+Member decode_member(std::span<const uint8_t> bytes, const DecodeLimits& limits);
+
+// ---- Rejected -------------------------------------------------------------------------------
+struct RejectedInput {
+  std::string run_id;
+  LogPosition source;
+  std::string reason;
+  std::string detail;
+  std::string rejected_by;
+  int64_t time_us = 0;
+  uint64_t payload_size = 0;
+  std::vector<uint8_t> payload_head;  // at most 256 bytes of the rejected payload
+};
+
+std::vector<uint8_t> encode_rejected(const RejectedInput& msg);
+RejectedInput decode_rejected(std::span<const uint8_t> bytes, const DecodeLimits& limits);
+
+// xxh64 over the fp32 bytes of the tensors, in order (what FragmentParams, MergeRecord and
+// FragmentState call `checksum`).
+uint64_t checksum_fp32(std::span<const DenseTensor> tensors);
+
+}  // namespace diloco

@@ -1,0 +1,61 @@
+// Blockwise quantization of fp32 tensors (one scale per block) and the learner-side error
+// feedback that makes low-bit deltas lossless over time. Pure functions, no I/O.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace diloco {
+
+enum class DType : uint8_t { F32 = 0, BF16 = 1, INT8 = 2, INT4 = 3 };
+
+const char* dtype_name(DType);
+DType parse_dtype(const std::string&);  // "fp32"|"f32", "bf16", "int8", "int4"; throws InvalidInput
+
+// A tensor as it travels: payload bytes (+ scales for INT8/INT4), not yet byte-shuffled.
+struct QuantizedTensor {
+  uint32_t index = 0;             // position in its fragment
+  std::vector<int64_t> shape;
+  DType dtype = DType::F32;
+  uint32_t block_size = 0;        // INT8/INT4 only
+  std::vector<float> scales;      // one per block (INT8/INT4), empty otherwise
+  std::vector<uint8_t> payload;   // F32: 4 B/value, BF16: 2 B/value, INT8: 1 B/value,
+                                  // INT4: 2 values per byte (low nibble first), ceil(n/2) bytes
+  int64_t numel() const;
+};
+
+// Exact payload size in bytes for n values of dtype (scales not included).
+size_t payload_bytes(DType dtype, int64_t n);
+// Number of scale blocks for n values.
+size_t num_blocks(DType dtype, uint32_t block_size, int64_t n);
+
+// Quantize `values` (numel must match shape). INT8: q = round(v / s), s = absmax/127 per block;
+// INT4: s = absmax/7; BF16: round to nearest even. A block of zeros gets scale 0.
+QuantizedTensor quantize(uint32_t index, std::vector<int64_t> shape, std::span<const float> values,
+                         DType dtype, uint32_t block_size);
+
+// Inverse of quantize; `out.size()` must equal the tensor's numel.
+void dequantize(const QuantizedTensor& q, std::span<float> out);
+
+// Error feedback for one tensor: the part of a delta that quantization lost is carried into the
+// next delta of the same tensor, so the sum of what was sent tracks the sum of the true deltas.
+class ErrorFeedback {
+ public:
+  ErrorFeedback() = default;
+  explicit ErrorFeedback(int64_t numel) : residual_(static_cast<size_t>(numel), 0.0f) {}
+
+  // Quantizes delta + residual and keeps (delta + residual) - dequantize(result) as residual.
+  QuantizedTensor push(uint32_t index, std::vector<int64_t> shape, std::span<const float> delta,
+                       DType dtype, uint32_t block_size);
+  std::span<const float> residual() const { return residual_; }
+  void reset() { std::fill(residual_.begin(), residual_.end(), 0.0f); }
+
+ private:
+  std::vector<float> residual_;
+  std::vector<float> scratch_;
+};
+
+}  // namespace diloco
