@@ -81,6 +81,9 @@ std::vector<uint8_t> encode_delta(const DeltaHeader& header, std::span<const Qua
 std::vector<uint8_t> encode_delta(const DeltaHeader& header, std::span<const DenseTensor> tensors,
                                   const CodecOptions& options);
 Delta decode_delta(std::span<const uint8_t> bytes, const DecodeLimits& limits);
+// Same, into `out`, reusing its tensors' memory: a reader decoding delta after delta of the same
+// fragment then neither allocates nor page-faults. On Rejection `out` holds garbage.
+void decode_delta(std::span<const uint8_t> bytes, const DecodeLimits& limits, Delta& out);
 // Header only (no tensor decoding): for routing and inspection; still verifies the buffer.
 DeltaHeader peek_delta_header(std::span<const uint8_t> bytes, const DecodeLimits& limits);
 

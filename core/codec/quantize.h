@@ -33,12 +33,24 @@ size_t payload_bytes(DType dtype, int64_t n);
 size_t num_blocks(DType dtype, uint32_t block_size, int64_t n);
 
 // Quantize `values` (numel must match shape). INT8: q = round(v / s), s = absmax/127 per block;
-// INT4: s = absmax/7; BF16: round to nearest even. A block of zeros gets scale 0.
+// INT4: s = absmax/7; BF16: round to nearest even. A block of zeros gets scale 0 (so does a block
+// whose scale would be subnormal: absmax below 127 resp. 7 times FLT_MIN); a block holding NaN or
+// Inf gets a non-finite scale, which decoders reject.
 QuantizedTensor quantize(uint32_t index, std::vector<int64_t> shape, std::span<const float> values,
                          DType dtype, uint32_t block_size);
 
 // Inverse of quantize; `out.size()` must equal the tensor's numel.
 void dequantize(const QuantizedTensor& q, std::span<float> out);
+
+// The same two operations on caller-owned memory (the message codec quantizes straight into the
+// FlatBuffer and dequantizes straight out of it). `payload` holds the little-endian wire bytes,
+// not byte-shuffled; scales.size() == num_blocks(...), payload.size() == payload_bytes(...), and
+// values/out have n elements. INT4 nibbles are two's complement (q & 0xF), low nibble first; an
+// odd count leaves the last high nibble 0. Throws InvalidInput on inconsistent sizes.
+void quantize_into(std::span<const float> values, DType dtype, uint32_t block_size,
+                   std::span<float> scales, std::span<uint8_t> payload);
+void dequantize_into(DType dtype, uint32_t block_size, std::span<const float> scales,
+                     std::span<const uint8_t> payload, std::span<float> out);
 
 // Error feedback for one tensor: the part of a delta that quantization lost is carried into the
 // next delta of the same tensor, so the sum of what was sent tracks the sum of the true deltas.

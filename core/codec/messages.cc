@@ -1,0 +1,233 @@
+// Tensor-carrying messages (Delta, FragmentParams, FragmentState) and checksum_fp32. The other
+// messages are in records.cc; what they share is in tensor_wire.h.
+//
+// Decoding order: size limit, bounded decompression, verifier and file identifier, schema
+// version, run id, fingerprint, fragment range, then the cheap header fields (strings, counters)
+// before any tensor is touched, then the tensors (count, index and shape, codec sizes, finite
+// scales and values), then checksums.
+#include "core/codec/messages.h"
+
+#include <xxhash.h>
+
+#include <cmath>
+#include <memory>
+
+#include "core/codec/tensor_wire.h"
+#include "schemas/delta_generated.h"
+#include "schemas/fragment_params_generated.h"
+#include "schemas/fragment_state_generated.h"
+
+namespace diloco {
+
+using namespace tensor_wire;
+
+namespace {
+
+// ---- Delta ----------------------------------------------------------------------------------
+
+std::vector<uint8_t> finish_delta(flatbuffers::FlatBufferBuilder& fbb, const DeltaHeader& h,
+                                  const WireCodec& codec,
+                                  flatbuffers::Offset<TensorVector> tensors, int zstd_level) {
+  const auto run_id = fbb.CreateString(h.run_id);
+  const auto learner_id = fbb.CreateString(h.learner_id);
+  const auto region = fbb.CreateString(h.region);
+  const auto codec_table = add_codec(fbb, codec);
+  const auto root = wire::CreateDelta(fbb, kSchemaVersion, run_id, h.fingerprint, learner_id,
+                                      region, h.fragment, h.seq, h.base_version, h.inner_steps,
+                                      h.tokens, h.learner_step, h.train_loss, h.send_time_us,
+                                      codec_table, tensors);
+  wire::FinishDeltaBuffer(fbb, root);
+  return compress_finished(fbb, zstd_level);
+}
+
+// Everything but the tensors. The fragment range is checked when a layout is given (always, for
+// decode_delta).
+DeltaHeader read_delta_header(const wire::Delta& m, const DecodeLimits& limits) {
+  check_fingerprint(m.fingerprint(), limits);
+  if (limits.layout) fragment_specs(m.fragment(), limits);
+  DeltaHeader h;
+  h.run_id = m.run_id()->str();  // present: checked when the frame was opened
+  h.fingerprint = m.fingerprint();
+  h.learner_id = required(m.learner_id(), "learner_id");
+  if (h.learner_id.empty()) reject(RejectReason::MissingField, "learner_id is empty");
+  h.region = required(m.region(), "region");
+  h.fragment = m.fragment();
+  h.seq = m.seq();
+  h.base_version = m.base_version();
+  h.inner_steps = m.inner_steps();
+  h.tokens = m.tokens();
+  h.learner_step = m.learner_step();
+  h.train_loss = m.train_loss();
+  h.send_time_us = m.send_time_us();
+
+  if (h.seq == 0) reject(RejectReason::BadCounter, "seq 0 (sequence numbers start at 1)");
+  check_counter(h.seq, "seq");
+  check_counter(h.base_version, "base_version");
+  check_counter(h.learner_step, "learner_step");
+  if (h.inner_steps == 0) reject(RejectReason::BadCounter, "a delta of 0 inner steps");
+  if (h.tokens == 0)
+    reject(RejectReason::BadCounter,
+           detail::concat(h.inner_steps, " inner steps without a single token"));
+  if (h.tokens / h.inner_steps > limits.max_tokens_per_step)
+    reject(RejectReason::BadCounter,
+           detail::concat(h.tokens, " tokens in ", h.inner_steps, " steps, above ",
+                          limits.max_tokens_per_step, " per step"));
+  if (!std::isfinite(h.train_loss))
+    reject(RejectReason::NonFinite, detail::concat("train_loss ", h.train_loss));
+  return h;
+}
+
+const wire::Delta& open_delta(std::span<const uint8_t> bytes, const DecodeLimits& limits) {
+  return open_root<wire::Delta>(bytes, limits, wire::VerifyDeltaBuffer, "Delta");
+}
+
+// ---- FragmentState --------------------------------------------------------------------------
+
+// Checkpoints are plain fp32: the schema has no codec table to say otherwise.
+constexpr WireCodec kStateCodec{DType::F32, 0, false};
+
+void check_checksum(uint64_t declared, std::span<const DenseTensor> tensors, const char* what) {
+  const uint64_t actual = checksum_fp32(tensors);
+  if (actual != declared)
+    reject(RejectReason::CorruptFrame,
+           detail::concat(what, ": checksum of the decoded values ", actual, ", message says ",
+                          declared));
+}
+
+}  // namespace
+
+uint64_t checksum_fp32(std::span<const DenseTensor> tensors) {
+  std::unique_ptr<XXH64_state_t, decltype(&XXH64_freeState)> state(XXH64_createState(),
+                                                                   &XXH64_freeState);
+  DILOCO_ENFORCE(state != nullptr, "XXH64_createState failed");
+  XXH64_reset(state.get(), 0);
+  for (const auto& t : tensors)
+    if (!t.values.empty()) XXH64_update(state.get(), t.values.data(), t.values.size() * 4);
+  return XXH64_digest(state.get());
+}
+
+// ---- Delta ----------------------------------------------------------------------------------
+
+std::vector<uint8_t> encode_delta(const DeltaHeader& header,
+                                  std::span<const QuantizedTensor> tensors,
+                                  const CodecOptions& options) {
+  const WireCodec codec = codec_of(options);
+  auto& fbb = builder();
+  const auto tensor_vector = add_quantized(fbb, tensors, codec);
+  return finish_delta(fbb, header, codec, tensor_vector, options.zstd_level);
+}
+
+std::vector<uint8_t> encode_delta(const DeltaHeader& header, std::span<const DenseTensor> tensors,
+                                  const CodecOptions& options) {
+  const WireCodec codec = codec_of(options);
+  auto& fbb = builder();
+  const auto tensor_vector = add_dense(fbb, tensors, codec);
+  return finish_delta(fbb, header, codec, tensor_vector, options.zstd_level);
+}
+
+Delta decode_delta(std::span<const uint8_t> bytes, const DecodeLimits& limits) {
+  Delta out;
+  decode_delta(bytes, limits, out);
+  return out;
+}
+
+void decode_delta(std::span<const uint8_t> bytes, const DecodeLimits& limits, Delta& out) {
+  DILOCO_ENFORCE(limits.layout != nullptr, "decode_delta needs DecodeLimits::layout");
+  const wire::Delta& m = open_delta(bytes, limits);
+  out.header = read_delta_header(m, limits);
+  const WireCodec codec = check_codec(m.codec());
+  decode_tensors(m.tensors(), fragment_specs(m.fragment(), limits), codec, "tensors",
+                 out.tensors);
+  out.dtype = codec.dtype;
+  out.block_size = codec.block_size;
+  out.byte_shuffle = codec.byte_shuffle;
+  out.wire_bytes = bytes.size();
+}
+
+DeltaHeader peek_delta_header(std::span<const uint8_t> bytes, const DecodeLimits& limits) {
+  return read_delta_header(open_delta(bytes, limits), limits);
+}
+
+// ---- FragmentParams -------------------------------------------------------------------------
+
+std::vector<uint8_t> encode_fragment_params(const FragmentParams& msg, int zstd_level) {
+  const WireCodec codec{DType::F32, 0, true};
+  auto& fbb = builder();
+  const auto tensors = add_dense(fbb, msg.tensors, codec);
+  const auto codec_table = add_codec(fbb, codec);
+  const auto run_id = fbb.CreateString(msg.run_id);
+  const auto merger = fbb.CreateString(msg.merger_instance);
+  const uint64_t checksum = msg.checksum ? msg.checksum : checksum_fp32(msg.tensors);
+  const auto root =
+      wire::CreateFragmentParams(fbb, kSchemaVersion, run_id, msg.fingerprint, msg.fragment,
+                                 msg.version, checksum, merger, msg.epoch, codec_table, tensors);
+  wire::FinishFragmentParamsBuffer(fbb, root);
+  return compress_finished(fbb, zstd_level);
+}
+
+FragmentParams decode_fragment_params(std::span<const uint8_t> bytes,
+                                      const DecodeLimits& limits) {
+  const auto& m = open_root<wire::FragmentParams>(bytes, limits,
+                                                  wire::VerifyFragmentParamsBuffer,
+                                                  "FragmentParams");
+  check_fingerprint(m.fingerprint(), limits);
+  const auto& specs = fragment_specs(m.fragment(), limits);
+  FragmentParams out;
+  out.run_id = m.run_id()->str();
+  out.fingerprint = m.fingerprint();
+  out.fragment = m.fragment();
+  out.version = m.version();
+  check_counter(out.version, "version");
+  out.checksum = m.checksum();
+  out.merger_instance = required(m.merger_instance(), "merger_instance");
+  out.epoch = m.epoch();
+  decode_tensors(m.tensors(), specs, check_codec(m.codec()), "tensors", out.tensors);
+  check_checksum(out.checksum, out.tensors, "FragmentParams");
+  return out;
+}
+
+// ---- FragmentState --------------------------------------------------------------------------
+
+std::vector<uint8_t> encode_fragment_state(const FragmentState& msg, int zstd_level) {
+  auto& fbb = builder();
+  const auto params = add_dense(fbb, msg.params, kStateCodec);
+  const auto momentum = add_dense(fbb, msg.momentum, kStateCodec);
+  std::vector<flatbuffers::Offset<wire::LogPosition>> consumed;
+  consumed.reserve(msg.consumed.size());
+  for (const auto& p : msg.consumed) consumed.push_back(add_position(fbb, p));
+  const auto consumed_vector = fbb.CreateVector(consumed);
+  const auto last_merge = msg.last_merge ? add_position(fbb, *msg.last_merge) : 0;
+  const auto run_id = fbb.CreateString(msg.run_id);
+  const uint64_t checksum = msg.checksum ? msg.checksum : checksum_fp32(msg.params);
+  const auto root =
+      wire::CreateFragmentState(fbb, kSchemaVersion, run_id, msg.fingerprint, msg.fragment,
+                                msg.version, params, momentum, consumed_vector, last_merge,
+                                checksum);
+  wire::FinishFragmentStateBuffer(fbb, root);
+  return compress_finished(fbb, zstd_level);
+}
+
+FragmentState decode_fragment_state(std::span<const uint8_t> bytes, const DecodeLimits& limits) {
+  const auto& m = open_root<wire::FragmentState>(bytes, limits, wire::VerifyFragmentStateBuffer,
+                                                 "FragmentState");
+  check_fingerprint(m.fingerprint(), limits);
+  const auto& specs = fragment_specs(m.fragment(), limits);
+  FragmentState out;
+  out.run_id = m.run_id()->str();
+  out.fingerprint = m.fingerprint();
+  out.fragment = m.fragment();
+  out.version = m.version();
+  check_counter(out.version, "version");
+  out.checksum = m.checksum();
+  if (m.consumed())
+    for (const auto* p : *m.consumed()) out.consumed.push_back(read_position(p, "consumed"));
+  if (m.last_merge()) out.last_merge = read_position(m.last_merge(), "last_merge");
+  decode_tensors(m.params(), specs, kStateCodec, "params", out.params);
+  // No momentum (an optimizer without one) is an empty list; otherwise it mirrors params.
+  if (m.momentum() && m.momentum()->size() != 0)
+    decode_tensors(m.momentum(), specs, kStateCodec, "momentum", out.momentum);
+  check_checksum(out.checksum, out.params, "FragmentState");
+  return out;
+}
+
+}  // namespace diloco

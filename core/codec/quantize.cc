@@ -1,0 +1,403 @@
+// Blockwise quantization kernels.
+//
+// Speed: every hot loop runs over fixed-size chunks (kChunk values) with __restrict pointers and
+// no branches or calls per element, then a scalar tail. GCC vectorizes such loops at -O3 and also
+// at -O2, whose cost model only vectorizes loops with a trip count that is a known multiple of the
+// vector width; plain SSE2 is enough.
+//
+// Rounding: adding kRoundMagic (1.5 * 2^23) to x with |x| < 2^22 leaves round-half-even(x) in the
+// low mantissa bits in two's complement, so the quantized byte or nibble is a truncation of the
+// float's bits: no float->int conversion, no per-element branch. No clamp is needed: x = v * inv
+// with |v| <= absmax and inv = levels / absmax, so |x| <= levels * (1 + 2^-22), which rounds to at
+// most `levels`. (A clamp also made GCC emit branches instead of vector code.) A NaN gives some
+// byte, deterministically, and no undefined float->int conversion; its block's scale is NaN.
+#include "core/codec/quantize.h"
+
+#include <bit>
+#include <cfloat>
+#include <cmath>
+#include <cstring>
+
+#include "core/errors.h"
+
+static_assert(std::endian::native == std::endian::little,
+              "the wire format is little endian and the codec copies host floats as they are");
+
+namespace diloco {
+namespace {
+
+constexpr size_t kChunk = 32;
+constexpr uint32_t kAbsMask = 0x7fffffffu;
+constexpr float kRoundMagic = 12582912.0f;
+constexpr float kInt8Levels = 127.0f;
+constexpr float kInt4Levels = 7.0f;
+
+// Largest |v| of a block, as float bits. Integer compare of the magnitude bits orders finite
+// values, then Inf, then NaN, so a block holding a NaN gets a NaN scale (the decoder rejects it).
+uint32_t absmax_bits(const float* __restrict v, size_t n) {
+  int32_t acc[kChunk] = {};
+  size_t i = 0;
+  for (; i + kChunk <= n; i += kChunk)
+    for (size_t j = 0; j < kChunk; ++j) {
+      const auto a = static_cast<int32_t>(std::bit_cast<uint32_t>(v[i + j]) & kAbsMask);
+      acc[j] = a > acc[j] ? a : acc[j];
+    }
+  int32_t m = 0;
+  for (size_t j = 0; j < kChunk; ++j) m = acc[j] > m ? acc[j] : m;
+  for (; i < n; ++i) {
+    const auto a = static_cast<int32_t>(std::bit_cast<uint32_t>(v[i]) & kAbsMask);
+    m = a > m ? a : m;
+  }
+  return static_cast<uint32_t>(m);
+}
+
+struct BlockScale {
+  float scale;
+  float inv;  // levels / absmax, or 0 when every q of the block must be 0
+};
+
+// scale = absmax / levels. A block whose scale would be subnormal (absmax < levels * FLT_MIN)
+// is flushed to zero: its inverse would overflow. A non-finite absmax gives a
+// non-finite scale, which the decoder rejects.
+BlockScale block_scale(const float* v, size_t n, float levels) {
+  const float amax = std::bit_cast<float>(absmax_bits(v, n));
+  const float scale = amax / levels;
+  if (scale >= FLT_MIN && scale <= FLT_MAX) return {scale, levels / amax};
+  if (std::isfinite(scale)) return {0.0f, 0.0f};
+  return {scale, 0.0f};
+}
+
+inline uint32_t quant_bits(float v, float inv) {
+  return std::bit_cast<uint32_t>(v * inv + kRoundMagic);
+}
+
+void quantize_run_int8(const float* __restrict v, size_t n, float inv, uint8_t* __restrict out) {
+  size_t i = 0;
+  for (; i + kChunk <= n; i += kChunk)
+    for (size_t j = 0; j < kChunk; ++j)
+      out[i + j] = static_cast<uint8_t>(quant_bits(v[i + j], inv));
+  for (; i < n; ++i) out[i] = static_cast<uint8_t>(quant_bits(v[i], inv));
+}
+
+inline uint8_t int4_pair(float lo, float hi, float inv) {
+  return static_cast<uint8_t>((quant_bits(lo, inv) & 0xFu) |
+                              (quant_bits(hi, inv) & 0xFu) << 4);
+}
+
+// n values starting at an even position; out[k] holds values 2k and 2k+1.
+void quantize_run_int4(const float* __restrict v, size_t n, float inv, uint8_t* __restrict out) {
+  size_t i = 0;
+  for (; i + kChunk <= n; i += kChunk)
+    for (size_t j = 0; j < kChunk / 2; ++j)
+      out[i / 2 + j] = int4_pair(v[i + 2 * j], v[i + 2 * j + 1], inv);
+  for (; i + 2 <= n; i += 2) out[i / 2] = int4_pair(v[i], v[i + 1], inv);
+  if (i < n) out[i / 2] = static_cast<uint8_t>(quant_bits(v[i], inv) & 0xFu);
+}
+
+void dequantize_run_int8(const uint8_t* __restrict q, size_t n, float scale,
+                         float* __restrict out) {
+  size_t i = 0;
+  for (; i + kChunk <= n; i += kChunk)
+    for (size_t j = 0; j < kChunk; ++j)
+      out[i + j] = static_cast<float>(static_cast<int8_t>(q[i + j])) * scale;
+  for (; i < n; ++i) out[i] = static_cast<float>(static_cast<int8_t>(q[i])) * scale;
+}
+
+// Sign-extended nibbles of a byte.
+inline float low_nibble(uint8_t b) {
+  return static_cast<float>(static_cast<int8_t>(static_cast<uint8_t>(b << 4)) >> 4);
+}
+inline float high_nibble(uint8_t b) { return static_cast<float>(static_cast<int8_t>(b) >> 4); }
+
+void dequantize_run_int4(const uint8_t* __restrict q, size_t n, float scale,
+                         float* __restrict out) {
+  size_t i = 0;
+  for (; i + kChunk <= n; i += kChunk)
+    for (size_t j = 0; j < kChunk / 2; ++j) {
+      const uint8_t b = q[i / 2 + j];
+      out[i + 2 * j] = low_nibble(b) * scale;
+      out[i + 2 * j + 1] = high_nibble(b) * scale;
+    }
+  for (; i + 2 <= n; i += 2) {
+    out[i] = low_nibble(q[i / 2]) * scale;
+    out[i + 1] = high_nibble(q[i / 2]) * scale;
+  }
+  if (i < n) out[i] = low_nibble(q[i / 2]) * scale;
+}
+
+void quantize_int8(const float* v, size_t n, size_t block, float* scales, uint8_t* out) {
+  for (size_t b = 0, k = 0; b < n; b += block, ++k) {
+    const size_t len = std::min(block, n - b);
+    const BlockScale s = block_scale(v + b, len, kInt8Levels);
+    scales[k] = s.scale;
+    quantize_run_int8(v + b, len, s.inv, out + b);
+  }
+}
+
+void dequantize_int8(const uint8_t* q, size_t n, size_t block, const float* scales, float* out) {
+  for (size_t b = 0, k = 0; b < n; b += block, ++k)
+    dequantize_run_int8(q + b, std::min(block, n - b), scales[k], out + b);
+}
+
+void quantize_int4(const float* v, size_t n, size_t block, float* scales, uint8_t* out) {
+  if (block % 2 == 0) {  // every block starts on a byte boundary
+    for (size_t b = 0, k = 0; b < n; b += block, ++k) {
+      const size_t len = std::min(block, n - b);
+      const BlockScale s = block_scale(v + b, len, kInt4Levels);
+      scales[k] = s.scale;
+      quantize_run_int4(v + b, len, s.inv, out + b / 2);
+    }
+    return;
+  }
+  // Odd block sizes straddle bytes: a plain loop, correct rather than fast.
+  std::memset(out, 0, (n + 1) / 2);
+  for (size_t b = 0, k = 0; b < n; b += block, ++k) {
+    const size_t len = std::min(block, n - b);
+    const BlockScale s = block_scale(v + b, len, kInt4Levels);
+    scales[k] = s.scale;
+    for (size_t i = b; i < b + len; ++i)
+      out[i / 2] |= static_cast<uint8_t>((quant_bits(v[i], s.inv) & 0xFu)
+                                         << (4 * (i % 2)));
+  }
+}
+
+void dequantize_int4(const uint8_t* q, size_t n, size_t block, const float* scales, float* out) {
+  if (block % 2 == 0) {
+    for (size_t b = 0, k = 0; b < n; b += block, ++k)
+      dequantize_run_int4(q + b / 2, std::min(block, n - b), scales[k], out + b);
+    return;
+  }
+  for (size_t b = 0, k = 0; b < n; b += block, ++k) {
+    const size_t end = std::min(b + block, n);
+    for (size_t i = b; i < end; ++i)
+      out[i] = (i % 2 ? high_nibble(q[i / 2]) : low_nibble(q[i / 2])) * scales[k];
+  }
+}
+
+// bf16 = upper half of the fp32 bits, rounded to nearest even; NaN stays NaN (quiet bit set,
+// sign kept) instead of rounding into Inf.
+inline uint16_t to_bf16(float f) {
+  const uint32_t b = std::bit_cast<uint32_t>(f);
+  const uint32_t rounded = (b + 0x7fffu + ((b >> 16) & 1u)) >> 16;
+  const uint32_t nan = (b >> 16) | 0x40u;
+  // A mask rather than `is_nan ? nan : rounded`, which GCC compiles to a branch.
+  const uint32_t is_nan =
+      0u - static_cast<uint32_t>(static_cast<int32_t>(b & kAbsMask) > 0x7f800000);
+  return static_cast<uint16_t>((nan & is_nan) | (rounded & ~is_nan));
+}
+
+void encode_bf16(const float* __restrict v, size_t n, uint8_t* __restrict out) {
+  size_t i = 0;
+  for (; i + kChunk <= n; i += kChunk) {
+    uint16_t h[kChunk];
+    for (size_t j = 0; j < kChunk; ++j) h[j] = to_bf16(v[i + j]);
+    std::memcpy(out + 2 * i, h, sizeof h);
+  }
+  for (; i < n; ++i) {
+    const uint16_t h = to_bf16(v[i]);
+    std::memcpy(out + 2 * i, &h, sizeof h);
+  }
+}
+
+void decode_bf16(const uint8_t* __restrict in, size_t n, float* __restrict out) {
+  size_t i = 0;
+  for (; i + kChunk <= n; i += kChunk) {
+    uint16_t h[kChunk];
+    uint32_t w[kChunk];
+    std::memcpy(h, in + 2 * i, sizeof h);
+    for (size_t j = 0; j < kChunk; ++j) w[j] = static_cast<uint32_t>(h[j]) << 16;
+    std::memcpy(out + i, w, sizeof w);
+  }
+  for (; i < n; ++i) {
+    uint16_t h;
+    std::memcpy(&h, in + 2 * i, sizeof h);
+    out[i] = std::bit_cast<float>(static_cast<uint32_t>(h) << 16);
+  }
+}
+
+int64_t checked_numel(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (auto d : shape) {
+    if (d < 0 || __builtin_mul_overflow(n, d, &n))
+      throw InvalidInput(detail::concat("bad tensor dimension ", d));
+  }
+  return n;
+}
+
+void check_sizes(DType dtype, uint32_t block_size, size_t n, size_t scales, size_t payload) {
+  const auto values = static_cast<int64_t>(n);
+  if (scales != num_blocks(dtype, block_size, values))
+    throw InvalidInput(detail::concat(dtype_name(dtype), ": ", scales, " scales for ", n,
+                                      " values in blocks of ", block_size));
+  if (payload != payload_bytes(dtype, values))
+    throw InvalidInput(detail::concat(dtype_name(dtype), ": ", payload, " payload bytes for ", n,
+                                      " values"));
+}
+
+// out[i] = a[i] + b[i], chunked like the kernels above.
+void add(const float* __restrict a, const float* __restrict b, size_t n, float* __restrict out) {
+  size_t i = 0;
+  for (; i + kChunk <= n; i += kChunk)
+    for (size_t j = 0; j < kChunk; ++j) out[i + j] = a[i + j] + b[i + j];
+  for (; i < n; ++i) out[i] = a[i] + b[i];
+}
+
+// inout[i] = a[i] - inout[i].
+void subtract_from(const float* __restrict a, size_t n, float* __restrict inout) {
+  size_t i = 0;
+  for (; i + kChunk <= n; i += kChunk)
+    for (size_t j = 0; j < kChunk; ++j) inout[i + j] = a[i + j] - inout[i + j];
+  for (; i < n; ++i) inout[i] = a[i] - inout[i];
+}
+
+}  // namespace
+
+const char* dtype_name(DType dtype) {
+  switch (dtype) {
+    case DType::F32: return "fp32";
+    case DType::BF16: return "bf16";
+    case DType::INT8: return "int8";
+    case DType::INT4: return "int4";
+  }
+  return "unknown";
+}
+
+DType parse_dtype(const std::string& name) {
+  if (name == "fp32" || name == "f32") return DType::F32;
+  if (name == "bf16") return DType::BF16;
+  if (name == "int8") return DType::INT8;
+  if (name == "int4") return DType::INT4;
+  throw InvalidInput("unknown dtype '" + name + "' (expected fp32, bf16, int8 or int4)");
+}
+
+int64_t QuantizedTensor::numel() const { return checked_numel(shape); }
+
+size_t payload_bytes(DType dtype, int64_t n) {
+  if (n < 0) throw InvalidInput(detail::concat("negative value count ", n));
+  const auto count = static_cast<size_t>(n);
+  switch (dtype) {
+    case DType::F32: return 4 * count;
+    case DType::BF16: return 2 * count;
+    case DType::INT8: return count;
+    case DType::INT4: return count / 2 + count % 2;
+  }
+  throw InvalidInput(detail::concat("unknown dtype ", static_cast<int>(dtype)));
+}
+
+size_t num_blocks(DType dtype, uint32_t block_size, int64_t n) {
+  if (n < 0) throw InvalidInput(detail::concat("negative value count ", n));
+  switch (dtype) {
+    case DType::F32:
+    case DType::BF16: return 0;
+    case DType::INT8:
+    case DType::INT4: {
+      if (block_size == 0) throw InvalidInput(detail::concat(dtype_name(dtype), ": block size 0"));
+      const auto count = static_cast<size_t>(n);
+      return count / block_size + (count % block_size != 0);
+    }
+  }
+  throw InvalidInput(detail::concat("unknown dtype ", static_cast<int>(dtype)));
+}
+
+void quantize_into(std::span<const float> values, DType dtype, uint32_t block_size,
+                   std::span<float> scales, std::span<uint8_t> payload) {
+  const size_t n = values.size();
+  check_sizes(dtype, block_size, n, scales.size(), payload.size());
+  switch (dtype) {
+    case DType::F32:
+      if (n) std::memcpy(payload.data(), values.data(), 4 * n);
+      return;
+    case DType::BF16: encode_bf16(values.data(), n, payload.data()); return;
+    case DType::INT8:
+      quantize_int8(values.data(), n, block_size, scales.data(), payload.data());
+      return;
+    case DType::INT4:
+      quantize_int4(values.data(), n, block_size, scales.data(), payload.data());
+      return;
+  }
+}
+
+void dequantize_into(DType dtype, uint32_t block_size, std::span<const float> scales,
+                     std::span<const uint8_t> payload, std::span<float> out) {
+  const size_t n = out.size();
+  check_sizes(dtype, block_size, n, scales.size(), payload.size());
+  switch (dtype) {
+    case DType::F32:
+      if (n) std::memcpy(out.data(), payload.data(), 4 * n);
+      return;
+    case DType::BF16: decode_bf16(payload.data(), n, out.data()); return;
+    case DType::INT8:
+      dequantize_int8(payload.data(), n, block_size, scales.data(), out.data());
+      return;
+    case DType::INT4:
+      dequantize_int4(payload.data(), n, block_size, scales.data(), out.data());
+      return;
+  }
+}
+
+QuantizedTensor quantize(uint32_t index, std::vector<int64_t> shape, std::span<const float> values,
+                         DType dtype, uint32_t block_size) {
+  const int64_t n = checked_numel(shape);
+  if (static_cast<size_t>(n) != values.size())
+    throw InvalidInput(detail::concat("quantize: shape holds ", n, " values, got ", values.size()));
+  QuantizedTensor q;
+  q.index = index;
+  q.shape = std::move(shape);
+  q.dtype = dtype;
+  q.block_size = (dtype == DType::INT8 || dtype == DType::INT4) ? block_size : 0;
+  q.scales.resize(num_blocks(dtype, block_size, n));
+  q.payload.resize(payload_bytes(dtype, n));
+  quantize_into(values, dtype, block_size, q.scales, q.payload);
+  return q;
+}
+
+void dequantize(const QuantizedTensor& q, std::span<float> out) {
+  const int64_t n = q.numel();
+  if (static_cast<size_t>(n) != out.size())
+    throw InvalidInput(detail::concat("dequantize: tensor holds ", n, " values, out has ",
+                                      out.size()));
+  dequantize_into(q.dtype, q.block_size, q.scales, q.payload, out);
+}
+
+QuantizedTensor ErrorFeedback::push(uint32_t index, std::vector<int64_t> shape,
+                                    std::span<const float> delta, DType dtype,
+                                    uint32_t block_size) {
+  const size_t n = delta.size();
+  if (static_cast<size_t>(checked_numel(shape)) != n)
+    throw InvalidInput(detail::concat("error feedback: shape does not hold ", n, " values"));
+  if (residual_.empty()) residual_.assign(n, 0.0f);
+  if (residual_.size() != n)
+    throw InvalidInput(detail::concat("error feedback: delta of ", n, " values, residual of ",
+                                      residual_.size()));
+  QuantizedTensor q;
+  q.index = index;
+  q.shape = std::move(shape);
+  q.dtype = dtype;
+  q.block_size = (dtype == DType::INT8 || dtype == DType::INT4) ? block_size : 0;
+  q.scales.resize(num_blocks(dtype, block_size, static_cast<int64_t>(n)));
+  q.payload.resize(payload_bytes(dtype, static_cast<int64_t>(n)));
+
+  // One pass over cache-sized segments of whole blocks (an even number of them, so that an INT4
+  // segment starts on a byte): x = delta + residual, send quantize(x), keep x - dequantize(sent).
+  const size_t block = q.block_size ? q.block_size : 1;
+  const size_t segment = std::max<size_t>(1, 8192 / (2 * block)) * 2 * block;
+  scratch_.resize(std::min(segment, n));
+  for (size_t s = 0; s < n; s += segment) {
+    const size_t len = std::min(segment, n - s);
+    const size_t first_block = q.block_size ? s / block : 0;
+    const size_t blocks = num_blocks(dtype, block_size, static_cast<int64_t>(len));
+    const size_t first_byte = payload_bytes(dtype, static_cast<int64_t>(s));
+    const size_t bytes = payload_bytes(dtype, static_cast<int64_t>(len));
+    const std::span<float> x(scratch_.data(), len);
+    const std::span<float> scales(q.scales.data() + first_block, blocks);
+    const std::span<uint8_t> payload(q.payload.data() + first_byte, bytes);
+    const std::span<float> residual(residual_.data() + s, len);
+    add(delta.data() + s, residual.data(), len, x.data());
+    quantize_into(x, dtype, block_size, scales, payload);
+    dequantize_into(dtype, block_size, scales, payload, residual);
+    subtract_from(x.data(), len, residual.data());
+  }
+  return q;
+}
+
+}  // namespace diloco

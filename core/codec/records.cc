@@ -1,0 +1,230 @@
+// Messages without tensors: MergeRecord, Member, Rejected. Decoding checks the frame, the schema
+// version and the run id (MergeRecord also the fingerprint, the fragment range when a layout is
+// given, and that weights and hyper-parameters are finite); enum values outside the schema are
+// BadFlatbuffer, like any other buffer the schema cannot describe.
+#include <cmath>
+
+#include "core/codec/messages.h"
+#include "core/codec/tensor_wire.h"
+#include "schemas/member_generated.h"
+#include "schemas/merge_record_generated.h"
+#include "schemas/rejected_generated.h"
+
+namespace diloco {
+
+using namespace tensor_wire;
+
+namespace {
+
+constexpr size_t kMaxPayloadHead = 256;
+
+template <typename Enum>
+Enum checked_enum(uint8_t raw, Enum last, const char* field) {
+  if (raw > static_cast<uint8_t>(last))
+    reject(RejectReason::BadFlatbuffer,
+           detail::concat(field, ": unknown value ", static_cast<int>(raw)));
+  return static_cast<Enum>(raw);
+}
+
+void check_finite(double v, const char* field) {
+  if (!std::isfinite(v)) reject(RejectReason::NonFinite, detail::concat(field, " is ", v));
+}
+
+flatbuffers::Offset<wire::DeltaRef> add_delta_ref(flatbuffers::FlatBufferBuilder& fbb,
+                                                  const DeltaRef& d) {
+  const auto position = add_position(fbb, d.position);
+  const auto learner_id = fbb.CreateString(d.learner_id);
+  return wire::CreateDeltaRef(fbb, position, learner_id, d.seq, d.base_version, d.staleness,
+                              d.inner_steps, d.tokens, d.weight);
+}
+
+DeltaRef read_delta_ref(const wire::DeltaRef* d, const char* field) {
+  if (!d) reject(RejectReason::MissingField, std::string(field) + " is missing");
+  DeltaRef out;
+  out.position = read_position(d->position(), "position");
+  out.learner_id = required(d->learner_id(), "learner_id");
+  out.seq = d->seq();
+  out.base_version = d->base_version();
+  out.staleness = d->staleness();
+  out.inner_steps = d->inner_steps();
+  out.tokens = d->tokens();
+  out.weight = d->weight();
+  check_finite(out.weight, "weight");
+  return out;
+}
+
+}  // namespace
+
+const char* drop_reason_name(DropReason r) {
+  switch (r) {
+    case DropReason::None: return "none";
+    case DropReason::Superseded: return "superseded";
+    case DropReason::TooStale: return "too_stale";
+    case DropReason::Invalid: return "invalid";
+    case DropReason::PendingAtStop: return "pending_at_stop";
+  }
+  return "unknown";
+}
+
+const char* role_name(Role r) {
+  switch (r) {
+    case Role::Learner: return "learner";
+    case Role::Merger: return "merger";
+    case Role::Evaluator: return "evaluator";
+  }
+  return "unknown";
+}
+
+// ---- MergeRecord ----------------------------------------------------------------------------
+
+std::vector<uint8_t> encode_merge_record(const MergeRecord& msg, int zstd_level) {
+  auto& fbb = builder();
+  std::vector<flatbuffers::Offset<wire::DeltaRef>> inputs;
+  inputs.reserve(msg.inputs.size());
+  for (const auto& d : msg.inputs) inputs.push_back(add_delta_ref(fbb, d));
+  const auto inputs_vector = fbb.CreateVector(inputs);
+  std::vector<flatbuffers::Offset<wire::DroppedDelta>> dropped;
+  dropped.reserve(msg.dropped.size());
+  for (const auto& d : msg.dropped) {
+    const auto ref = add_delta_ref(fbb, d.delta);
+    const auto detail = fbb.CreateString(d.detail);
+    dropped.push_back(
+        wire::CreateDroppedDelta(fbb, ref, static_cast<wire::DropReason>(d.reason), detail));
+  }
+  const auto dropped_vector = fbb.CreateVector(dropped);
+  const auto& h = msg.hyper;
+  const auto hyper = wire::CreateOuterHyper(fbb, h.lr, h.momentum, h.staleness_alpha,
+                                            h.max_staleness, h.quorum);
+  const auto run_id = fbb.CreateString(msg.run_id);
+  const auto merger = fbb.CreateString(msg.merger_instance);
+  const auto root = wire::CreateMergeRecord(
+      fbb, kSchemaVersion, run_id, msg.fingerprint, msg.fragment, msg.version, msg.prev_version,
+      inputs_vector, dropped_vector, static_cast<wire::MergeRule>(msg.rule),
+      static_cast<wire::OuterOptimizer>(msg.optimizer), hyper, msg.checksum, merger, msg.epoch,
+      msg.merge_time_us);
+  wire::FinishMergeRecordBuffer(fbb, root);
+  return compress_finished(fbb, zstd_level);
+}
+
+MergeRecord decode_merge_record(std::span<const uint8_t> bytes, const DecodeLimits& limits) {
+  const auto& m = open_root<wire::MergeRecord>(bytes, limits, wire::VerifyMergeRecordBuffer,
+                                               "MergeRecord");
+  check_fingerprint(m.fingerprint(), limits);
+  if (limits.layout) fragment_specs(m.fragment(), limits);
+  MergeRecord out;
+  out.run_id = m.run_id()->str();
+  out.fingerprint = m.fingerprint();
+  out.fragment = m.fragment();
+  out.version = m.version();
+  out.prev_version = m.prev_version();
+  check_counter(out.version, "version");
+  check_counter(out.prev_version, "prev_version");
+  if (m.inputs())
+    for (const auto* d : *m.inputs()) out.inputs.push_back(read_delta_ref(d, "inputs"));
+  if (m.dropped())
+    for (const auto* d : *m.dropped()) {
+      DroppedDelta dd;
+      dd.delta = read_delta_ref(d->delta(), "dropped.delta");
+      dd.reason = checked_enum(static_cast<uint8_t>(d->reason()), DropReason::PendingAtStop,
+                               "dropped.reason");
+      dd.detail = required(d->detail(), "dropped.detail");
+      out.dropped.push_back(std::move(dd));
+    }
+  out.rule = checked_enum(static_cast<uint8_t>(m.rule()), MergeRule::WeightedAverage, "rule");
+  out.optimizer =
+      checked_enum(static_cast<uint8_t>(m.optimizer()), OuterOptimizerKind::Sgd, "optimizer");
+  const auto* h = m.hyper();
+  if (!h) reject(RejectReason::MissingField, "hyper is missing");
+  out.hyper = {h->lr(), h->momentum(), h->staleness_alpha(), h->max_staleness(), h->quorum()};
+  check_finite(out.hyper.lr, "hyper.lr");
+  check_finite(out.hyper.momentum, "hyper.momentum");
+  check_finite(out.hyper.staleness_alpha, "hyper.staleness_alpha");
+  out.checksum = m.checksum();
+  out.merger_instance = required(m.merger_instance(), "merger_instance");
+  out.epoch = m.epoch();
+  out.merge_time_us = m.merge_time_us();
+  return out;
+}
+
+// ---- Member ---------------------------------------------------------------------------------
+
+std::vector<uint8_t> encode_member(const Member& msg) {
+  auto& fbb = builder();
+  const auto run_id = fbb.CreateString(msg.run_id);
+  const auto instance_id = fbb.CreateString(msg.instance_id);
+  const auto region = fbb.CreateString(msg.region);
+  const auto endpoint = fbb.CreateString(msg.endpoint);
+  const auto owned = fbb.CreateVector(msg.owned_fragments);
+  const auto versions = fbb.CreateVector(msg.fragment_versions);
+  const auto root = wire::CreateMember(
+      fbb, kSchemaVersion, run_id, instance_id, static_cast<wire::Role>(msg.role), region,
+      endpoint, msg.epoch, owned, versions, msg.time_us, msg.step, msg.step_time_s,
+      msg.tokens_per_s, msg.loss, msg.tokens, msg.bytes_sent);
+  wire::FinishMemberBuffer(fbb, root);
+  return compress_finished(fbb, 1);
+}
+
+Member decode_member(std::span<const uint8_t> bytes, const DecodeLimits& limits) {
+  const auto& m = open_root<wire::Member>(bytes, limits, wire::VerifyMemberBuffer, "Member");
+  Member out;
+  out.run_id = m.run_id()->str();
+  out.instance_id = required(m.instance_id(), "instance_id");
+  out.role = checked_enum(static_cast<uint8_t>(m.role()), Role::Evaluator, "role");
+  out.region = required(m.region(), "region");
+  out.endpoint = required(m.endpoint(), "endpoint");
+  out.epoch = m.epoch();
+  out.owned_fragments = copy_vector(m.owned_fragments());
+  out.fragment_versions = copy_vector(m.fragment_versions());
+  if (out.owned_fragments.size() != out.fragment_versions.size())
+    reject(RejectReason::BadFlatbuffer,
+           detail::concat(out.owned_fragments.size(), " owned fragments but ",
+                          out.fragment_versions.size(), " fragment versions"));
+  out.time_us = m.time_us();
+  out.step = m.step();
+  out.step_time_s = m.step_time_s();
+  out.tokens_per_s = m.tokens_per_s();
+  out.loss = m.loss();
+  out.tokens = m.tokens();
+  out.bytes_sent = m.bytes_sent();
+  return out;
+}
+
+// ---- Rejected -------------------------------------------------------------------------------
+
+std::vector<uint8_t> encode_rejected(const RejectedInput& msg) {
+  auto& fbb = builder();
+  const auto source = add_position(fbb, msg.source);
+  const auto run_id = fbb.CreateString(msg.run_id);
+  const auto reason = fbb.CreateString(msg.reason);
+  const auto detail = fbb.CreateString(msg.detail);
+  const auto rejected_by = fbb.CreateString(msg.rejected_by);
+  const auto head = fbb.CreateVector(msg.payload_head.data(),
+                                     std::min(msg.payload_head.size(), kMaxPayloadHead));
+  const auto root = wire::CreateRejected(fbb, kSchemaVersion, run_id, source, reason, detail,
+                                         rejected_by, msg.time_us, msg.payload_size, head);
+  wire::FinishRejectedBuffer(fbb, root);
+  return compress_finished(fbb, 1);
+}
+
+RejectedInput decode_rejected(std::span<const uint8_t> bytes, const DecodeLimits& limits) {
+  const auto& m =
+      open_root<wire::Rejected>(bytes, limits, wire::VerifyRejectedBuffer, "Rejected");
+  RejectedInput out;
+  out.run_id = m.run_id()->str();
+  out.source = read_position(m.source(), "source");
+  out.reason = required(m.reason(), "reason");
+  out.detail = required(m.detail(), "detail");
+  out.rejected_by = required(m.rejected_by(), "rejected_by");
+  out.time_us = m.time_us();
+  out.payload_size = m.payload_size();
+  if (const auto* head = m.payload_head()) {
+    if (head->size() > kMaxPayloadHead)
+      reject(RejectReason::BadFlatbuffer,
+             detail::concat("payload_head of ", head->size(), " bytes, at most ",
+                            kMaxPayloadHead));
+    out.payload_head = copy_vector(head);
+  }
+  return out;
+}
+
+}  // namespace diloco

@@ -1,0 +1,374 @@
+#include "core/codec/tensor_wire.h"
+
+#include <algorithm>
+#include <bit>
+#include <cfloat>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+
+#include "core/codec/compress.h"
+#include "core/codec/shuffle.h"
+
+namespace diloco::tensor_wire {
+namespace {
+
+// Verifier bounds: our deepest message is MergeRecord -> DroppedDelta -> DeltaRef -> LogPosition.
+// The table budget leaves room for a fragment with many tensors (and for a hand-built message
+// with 100000 empty tensors to reach the tensor count check), yet caps the work a buffer whose
+// offsets all point at one table can cause.
+constexpr flatbuffers::uoffset_t kMaxDepth = 16;
+constexpr flatbuffers::uoffset_t kMaxTables = 1u << 18;
+constexpr size_t kChunk = 32;
+
+// Scratch buffers of the calling thread; they only grow (to the largest message seen).
+struct Scratch {
+  flatbuffers::FlatBufferBuilder fbb{1 << 16};
+  std::vector<uint8_t> frame;   // decompressed message
+  std::vector<uint8_t> bytes;   // byte-shuffle staging
+  std::vector<float> scales;    // scales before they are copied into the builder
+};
+
+Scratch& scratch() {
+  thread_local Scratch s;
+  return s;
+}
+
+size_t elem_size(DType dtype) {
+  switch (dtype) {
+    case DType::F32: return 4;
+    case DType::BF16: return 2;
+    default: return 1;
+  }
+}
+
+bool shuffled(const WireCodec& c) { return c.byte_shuffle && elem_size(c.dtype) > 1; }
+
+// True when no value is Inf or NaN (exponent bits all ones), without a branch per value.
+bool all_finite(const float* __restrict v, size_t n) {
+  constexpr uint32_t kExp = 0x7f800000u;
+  uint32_t bad[kChunk] = {};
+  size_t i = 0;
+  for (; i + kChunk <= n; i += kChunk)
+    for (size_t j = 0; j < kChunk; ++j)
+      bad[j] |= static_cast<uint32_t>((std::bit_cast<uint32_t>(v[i + j]) & kExp) == kExp);
+  uint32_t any = 0;
+  for (size_t j = 0; j < kChunk; ++j) any |= bad[j];
+  for (; i < n; ++i) any |= static_cast<uint32_t>((std::bit_cast<uint32_t>(v[i]) & kExp) == kExp);
+  return any == 0;
+}
+
+std::string hex(uint64_t v) {
+  char buf[19];
+  std::snprintf(buf, sizeof buf, "0x%016llx", static_cast<unsigned long long>(v));
+  return buf;
+}
+
+std::string tensor_name(const std::vector<TensorSpec>& specs, size_t k) {
+  return detail::concat("tensor ", k, " (", specs[k].name, ")");
+}
+
+// In place, for elements of at most 4 bytes (vector data is 4-byte aligned; see copy_vector).
+template <typename T>
+std::span<const T> span_of(const flatbuffers::Vector<T>* v) {
+  static_assert(sizeof(T) <= 4);
+  if (!v) return {};
+  return {v->data(), v->size()};
+}
+
+// Scales are what make int8/int4 values finite: |q| <= 128, so a scale above FLT_MAX / 128
+// could still overflow into Inf.
+void check_scales(std::span<const float> scales, const std::string& what) {
+  constexpr float kMaxScale = FLT_MAX / 128.0f;
+  for (size_t i = 0; i < scales.size(); ++i) {
+    const float s = scales[i];
+    if (!std::isfinite(s))
+      reject(RejectReason::NonFinite, detail::concat(what, ": scale ", i, " is ", s));
+    if (s < 0.0f) reject(RejectReason::BadCodec, detail::concat(what, ": negative scale ", s));
+    if (s > kMaxScale)
+      reject(RejectReason::NonFinite, detail::concat(what, ": scale ", s, " overflows values"));
+  }
+}
+
+void check_tensor(const wire::Tensor& t, size_t k, const std::vector<TensorSpec>& specs,
+                  const WireCodec& codec) {
+  const TensorSpec& spec = specs[k];
+  if (t.index() != k)
+    reject(RejectReason::ShapeMismatch,
+           detail::concat("tensor at position ", k, " has index ", t.index()));
+  const size_t rank = t.shape() ? t.shape()->size() : 0;
+  if (rank != spec.shape.size())  // before copying: a hostile shape can be huge
+    reject(RejectReason::ShapeMismatch, detail::concat(tensor_name(specs, k), ": rank ", rank,
+                                                       ", layout says ", spec.shape.size()));
+  const auto shape = copy_vector(t.shape());
+  if (shape != spec.shape) {
+    std::string got;
+    for (auto d : shape) got += detail::concat(got.empty() ? "" : ",", d);
+    std::string want;
+    for (auto d : spec.shape) want += detail::concat(want.empty() ? "" : ",", d);
+    reject(RejectReason::ShapeMismatch,
+           tensor_name(specs, k) + ": shape [" + got + "], layout says [" + want + "]");
+  }
+  const int64_t n = spec.numel();
+  const size_t scales = t.scales() ? t.scales()->size() : 0;
+  const size_t want_scales = num_blocks(codec.dtype, codec.block_size, n);
+  if (scales != want_scales)
+    reject(RejectReason::BadCodec, detail::concat(tensor_name(specs, k), ": ", scales,
+                                                  " scales, expected ", want_scales));
+  const size_t payload = t.payload() ? t.payload()->size() : 0;
+  const size_t want_payload = payload_bytes(codec.dtype, n);
+  if (payload != want_payload)
+    reject(RejectReason::BadCodec, detail::concat(tensor_name(specs, k), ": payload of ", payload,
+                                                  " bytes, expected ", want_payload));
+  check_scales(span_of(t.scales()), tensor_name(specs, k));
+}
+
+void decode_tensor(const wire::Tensor& t, const WireCodec& codec, DenseTensor& out) {
+  auto payload = span_of(t.payload());
+  const auto scales = span_of(t.scales());
+  auto* out_bytes = reinterpret_cast<uint8_t*>(out.values.data());
+  if (shuffled(codec) && codec.dtype == DType::F32) {
+    byte_unshuffle(payload, {out_bytes, payload.size()}, 4);
+    return;
+  }
+  if (shuffled(codec)) {
+    auto& staging = scratch().bytes;
+    staging.resize(payload.size());
+    byte_unshuffle(payload, staging, elem_size(codec.dtype));
+    payload = staging;
+  }
+  dequantize_into(codec.dtype, codec.block_size, scales, payload, out.values);
+}
+
+}  // namespace
+
+// ---- framing --------------------------------------------------------------------------------
+
+flatbuffers::FlatBufferBuilder& builder() {
+  auto& fbb = scratch().fbb;
+  fbb.Clear();
+  return fbb;
+}
+
+std::vector<uint8_t> compress_finished(const flatbuffers::FlatBufferBuilder& fbb,
+                                       int zstd_level) {
+  return zstd_compress({fbb.GetBufferPointer(), fbb.GetSize()}, zstd_level);
+}
+
+void reject(RejectReason reason, const std::string& detail) { throw Rejection(reason, detail); }
+
+std::span<const uint8_t> open_frame(std::span<const uint8_t> bytes, const DecodeLimits& limits,
+                                    bool (*verify)(flatbuffers::Verifier&), const char* what) {
+  if (bytes.size() > limits.max_message_bytes)
+    reject(RejectReason::TooLarge, detail::concat(what, ": ", bytes.size(), " bytes, limit ",
+                                                  limits.max_message_bytes));
+  // FlatBuffers cannot address more than 2 GiB, whatever the configured limit.
+  const uint64_t max_bytes =
+      std::min<uint64_t>(limits.max_decompressed_bytes, FLATBUFFERS_MAX_BUFFER_SIZE - 1);
+  auto& frame = scratch().frame;
+  zstd_decompress_bounded_into(bytes, max_bytes, frame);
+  flatbuffers::Verifier::Options options;
+  options.max_depth = kMaxDepth;
+  options.max_tables = kMaxTables;
+  flatbuffers::Verifier verifier(frame.data(), frame.size(), options);
+  if (!verify(verifier))
+    reject(RejectReason::BadFlatbuffer,
+           detail::concat(what, ": FlatBuffers verification failed (", frame.size(),
+                          " bytes; wrong file identifier, or a malformed or truncated buffer)"));
+  return frame;
+}
+
+void check_schema_version(uint16_t version, const char* what) {
+  if (version != kSchemaVersion)
+    reject(RejectReason::UnknownSchemaVersion,
+           detail::concat(what, ": schema version ", version, ", this build reads ",
+                          kSchemaVersion));
+}
+
+void check_run_id(const flatbuffers::String* run_id, const DecodeLimits& limits) {
+  const std::string got = required(run_id, "run_id");
+  if (got != limits.run_id)
+    reject(RejectReason::WrongRunId, "run id '" + got + "', expected '" + limits.run_id + "'");
+}
+
+void check_fingerprint(uint64_t fingerprint, const DecodeLimits& limits) {
+  if (fingerprint != limits.fingerprint)
+    reject(RejectReason::WrongFingerprint,
+           "fingerprint " + hex(fingerprint) + ", expected " + hex(limits.fingerprint));
+}
+
+const std::vector<TensorSpec>& fragment_specs(uint32_t fragment, const DecodeLimits& limits) {
+  DILOCO_ENFORCE(limits.layout != nullptr, "decoding tensors needs DecodeLimits::layout");
+  if (fragment >= limits.layout->num_fragments())
+    reject(RejectReason::FragmentOutOfRange,
+           detail::concat("fragment ", fragment, ", layout has ", limits.layout->num_fragments()));
+  return limits.layout->fragments[fragment];
+}
+
+std::string required(const flatbuffers::String* s, const char* field) {
+  if (!s) reject(RejectReason::MissingField, std::string(field) + " is missing");
+  return s->str();
+}
+
+flatbuffers::Offset<wire::LogPosition> add_position(flatbuffers::FlatBufferBuilder& fbb,
+                                                     const LogPosition& p) {
+  const auto topic = fbb.CreateString(p.topic);
+  return wire::CreateLogPosition(fbb, topic, p.partition, p.offset);
+}
+
+LogPosition read_position(const wire::LogPosition* p, const char* field) {
+  if (!p) reject(RejectReason::MissingField, std::string(field) + " is missing");
+  return {required(p->topic(), "topic"), p->partition(), p->offset()};
+}
+
+void check_counter(uint64_t value, const char* field) {
+  if (value > kMaxCounter)
+    reject(RejectReason::BadCounter, detail::concat(field, " ", value, " is absurd"));
+}
+
+// ---- tensors: encoding ----------------------------------------------------------------------
+
+WireCodec codec_of(const CodecOptions& options) {
+  WireCodec c;
+  c.dtype = options.dtype;
+  c.byte_shuffle = options.byte_shuffle;
+  switch (options.dtype) {
+    case DType::F32:
+    case DType::BF16: break;
+    case DType::INT8:
+    case DType::INT4:
+      if (options.block_size < 1 || options.block_size > kMaxBlockSize)
+        throw InvalidInput(detail::concat("codec: block size ", options.block_size,
+                                          " not in [1, ", kMaxBlockSize, "]"));
+      c.block_size = options.block_size;
+      break;
+    default:
+      throw InvalidInput(detail::concat("codec: unknown dtype ", static_cast<int>(options.dtype)));
+  }
+  return c;
+}
+
+flatbuffers::Offset<wire::Codec> add_codec(flatbuffers::FlatBufferBuilder& fbb,
+                                           const WireCodec& c) {
+  return wire::CreateCodec(fbb, static_cast<wire::DType>(c.dtype), c.block_size, c.byte_shuffle);
+}
+
+flatbuffers::Offset<TensorVector> add_dense(flatbuffers::FlatBufferBuilder& fbb,
+                                            std::span<const DenseTensor> tensors,
+                                            const WireCodec& codec) {
+  auto& s = scratch();
+  std::vector<flatbuffers::Offset<wire::Tensor>> offsets;
+  offsets.reserve(tensors.size());
+  for (const auto& t : tensors) {
+    int64_t numel = 1;
+    for (auto d : t.shape)
+      if (d < 0 || __builtin_mul_overflow(numel, d, &numel))
+        throw InvalidInput(detail::concat("tensor ", t.index, ": bad dimension ", d));
+    if (static_cast<size_t>(numel) != t.values.size())
+      throw InvalidInput(detail::concat("tensor ", t.index, ": shape holds ", numel,
+                                        " values, got ", t.values.size()));
+    const size_t n = t.values.size();
+    const size_t bytes = payload_bytes(codec.dtype, static_cast<int64_t>(n));
+    if (bytes + (fbb.GetSize() + (64 << 10)) >= FLATBUFFERS_MAX_BUFFER_SIZE)
+      throw InvalidInput("message above the 2 GiB FlatBuffers limit");
+    s.scales.resize(num_blocks(codec.dtype, codec.block_size, static_cast<int64_t>(n)));
+    // The payload pointer is only valid until the builder grows again: fill it right away.
+    uint8_t* payload_ptr = nullptr;
+    const auto payload = fbb.CreateUninitializedVector(bytes, &payload_ptr);
+    const std::span<uint8_t> out(payload_ptr, bytes);
+    if (!shuffled(codec)) {
+      quantize_into(t.values, codec.dtype, codec.block_size, s.scales, out);
+    } else if (codec.dtype == DType::F32) {
+      byte_shuffle({reinterpret_cast<const uint8_t*>(t.values.data()), bytes}, out, 4);
+    } else {
+      s.bytes.resize(bytes);
+      quantize_into(t.values, codec.dtype, codec.block_size, s.scales, s.bytes);
+      byte_shuffle(s.bytes, out, elem_size(codec.dtype));
+    }
+    const auto scales = s.scales.empty() ? 0 : fbb.CreateVector(s.scales);
+    const auto shape = fbb.CreateVector(t.shape);
+    offsets.push_back(wire::CreateTensor(fbb, t.index, shape, scales, payload));
+  }
+  return fbb.CreateVector(offsets);
+}
+
+flatbuffers::Offset<TensorVector> add_quantized(flatbuffers::FlatBufferBuilder& fbb,
+                                                std::span<const QuantizedTensor> tensors,
+                                                const WireCodec& codec) {
+  for (const auto& t : tensors) {  // all checks first: never half-build a message
+    if (t.dtype != codec.dtype)
+      throw InvalidInput(detail::concat("tensor ", t.index, ": dtype ", dtype_name(t.dtype),
+                                        ", codec says ", dtype_name(codec.dtype)));
+    if (codec.block_size != 0 && t.block_size != codec.block_size)
+      throw InvalidInput(detail::concat("tensor ", t.index, ": block size ", t.block_size,
+                                        ", codec says ", codec.block_size));
+    const int64_t n = t.numel();
+    if (t.scales.size() != num_blocks(codec.dtype, codec.block_size, n) ||
+        t.payload.size() != payload_bytes(codec.dtype, n))
+      throw InvalidInput(detail::concat("tensor ", t.index, ": ", t.scales.size(), " scales and ",
+                                        t.payload.size(), " payload bytes for ", n, " values"));
+  }
+  std::vector<flatbuffers::Offset<wire::Tensor>> offsets;
+  offsets.reserve(tensors.size());
+  for (const auto& t : tensors) {
+    if (t.payload.size() + (fbb.GetSize() + (64 << 10)) >= FLATBUFFERS_MAX_BUFFER_SIZE)
+      throw InvalidInput("message above the 2 GiB FlatBuffers limit");
+    uint8_t* payload_ptr = nullptr;
+    const auto payload = fbb.CreateUninitializedVector(t.payload.size(), &payload_ptr);
+    const std::span<uint8_t> out(payload_ptr, t.payload.size());
+    if (shuffled(codec)) byte_shuffle(t.payload, out, elem_size(codec.dtype));
+    else if (!t.payload.empty()) std::memcpy(payload_ptr, t.payload.data(), t.payload.size());
+    const auto scales = t.scales.empty() ? 0 : fbb.CreateVector(t.scales);
+    const auto shape = fbb.CreateVector(t.shape);
+    offsets.push_back(wire::CreateTensor(fbb, t.index, shape, scales, payload));
+  }
+  return fbb.CreateVector(offsets);
+}
+
+// ---- tensors: decoding ----------------------------------------------------------------------
+
+WireCodec check_codec(const wire::Codec* codec) {
+  if (!codec) reject(RejectReason::MissingField, "codec is missing");
+  WireCodec c;
+  const auto raw = static_cast<uint8_t>(codec->dtype());
+  if (raw > static_cast<uint8_t>(DType::INT4))
+    reject(RejectReason::BadCodec, detail::concat("unknown dtype ", static_cast<int>(raw)));
+  c.dtype = static_cast<DType>(raw);
+  c.byte_shuffle = codec->byte_shuffle();
+  const uint32_t block = codec->block_size();
+  if (c.dtype == DType::INT8 || c.dtype == DType::INT4) {
+    if (block < 1 || block > kMaxBlockSize)
+      reject(RejectReason::BadCodec, detail::concat(dtype_name(c.dtype), ": block size ", block,
+                                                    " not in [1, ", kMaxBlockSize, "]"));
+    c.block_size = block;
+  } else if (block != 0) {
+    reject(RejectReason::BadCodec,
+           detail::concat(dtype_name(c.dtype), ": block size ", block, ", expected 0"));
+  }
+  return c;
+}
+
+void decode_tensors(const TensorVector* tensors, const std::vector<TensorSpec>& specs,
+                    const WireCodec& codec, const char* field, std::vector<DenseTensor>& out) {
+  if (!tensors) reject(RejectReason::MissingField, std::string(field) + " is missing");
+  if (tensors->size() != specs.size())
+    reject(RejectReason::TensorCountMismatch, detail::concat(field, ": ", tensors->size(),
+                                                             " tensors, layout has ",
+                                                             specs.size()));
+  for (size_t k = 0; k < specs.size(); ++k) check_tensor(*tensors->Get(k), k, specs, codec);
+
+  out.resize(specs.size());
+  for (size_t k = 0; k < specs.size(); ++k) {
+    DenseTensor& t = out[k];
+    t.index = static_cast<uint32_t>(k);
+    t.shape = specs[k].shape;
+    t.values.resize(static_cast<size_t>(specs[k].numel()));
+    decode_tensor(*tensors->Get(k), codec, t);
+    // int8/int4 values are finite by construction once their scales are (checked above).
+    if ((codec.dtype == DType::F32 || codec.dtype == DType::BF16) &&
+        !all_finite(t.values.data(), t.values.size()))
+      reject(RejectReason::NonFinite, tensor_name(specs, k) + ": NaN or Inf in values");
+  }
+}
+
+}  // namespace diloco::tensor_wire

@@ -1,0 +1,336 @@
+#include "core/config/run_config.h"
+
+#include <toml++/toml.h>
+
+#include <fstream>
+#include <limits>
+#include <sstream>
+
+#include "core/errors.h"
+
+namespace diloco {
+namespace {
+
+// Where TOML came from: a file (messages carry line numbers) or one command-line override.
+struct Origin {
+  std::string name;
+  bool has_lines = true;
+};
+
+// One key being read, named "section.key" in messages.
+struct Field {
+  const Origin& origin;
+  std::string name;
+  const toml::node& node;
+
+  [[noreturn]] void fail(std::string_view message) const {
+    const bool has_line = origin.has_lines && node.source().begin.line > 0;
+    throw InvalidInput(detail::concat(origin.name, has_line ? ":" : "",
+                                      has_line ? std::to_string(node.source().begin.line) : "",
+                                      ": ", name, ": ", message));
+  }
+  [[noreturn]] void wrong_type(std::string_view expected) const {
+    fail(detail::concat("expected ", expected, ", got ", node.type()));
+  }
+};
+
+void read(const Field& f, std::string& out) {
+  if (!f.node.is_string()) f.wrong_type("a string");
+  out = f.node.as_string()->get();
+}
+
+void read(const Field& f, int64_t& out) {
+  if (!f.node.is_integer()) f.wrong_type("an integer");
+  out = f.node.as_integer()->get();
+}
+
+void read(const Field& f, int& out) {
+  int64_t v = 0;
+  read(f, v);
+  if (v < std::numeric_limits<int>::min() || v > std::numeric_limits<int>::max())
+    f.fail(detail::concat(v, " does not fit in a 32-bit integer"));
+  out = static_cast<int>(v);
+}
+
+void read(const Field& f, uint32_t& out) {
+  int64_t v = 0;
+  read(f, v);
+  if (v < 0 || v > std::numeric_limits<uint32_t>::max())
+    f.fail(detail::concat("must be between 0 and ", std::numeric_limits<uint32_t>::max(),
+                          ", got ", v));
+  out = static_cast<uint32_t>(v);
+}
+
+void read(const Field& f, uint64_t& out) {
+  int64_t v = 0;
+  read(f, v);
+  if (v < 0) f.fail(detail::concat("must not be negative, got ", v));
+  out = static_cast<uint64_t>(v);
+}
+
+// Integers are accepted for floating-point fields: "lr = 1" means 1.0.
+void read(const Field& f, double& out) {
+  if (f.node.is_floating_point())
+    out = f.node.as_floating_point()->get();
+  else if (f.node.is_integer())
+    out = static_cast<double>(f.node.as_integer()->get());
+  else
+    f.wrong_type("a number");
+}
+
+void read(const Field& f, bool& out) {
+  if (!f.node.is_boolean()) f.wrong_type("a boolean (true or false)");
+  out = f.node.as_boolean()->get();
+}
+
+void read(const Field& f, DType& out) {
+  std::string s;
+  read(f, s);
+  try {
+    out = parse_dtype(s);
+  } catch (const InvalidInput& e) {
+    f.fail(e.what());
+  }
+}
+
+void read(const Field& f, DataSplit& out) {
+  std::string s;
+  read(f, s);
+  try {
+    out = parse_data_split(s);
+  } catch (const InvalidInput& e) {
+    f.fail(e.what());
+  }
+}
+
+// One [section] of the file; each parse_* function below walks its keys.
+struct Section {
+  const Origin& origin;
+  std::string_view name;
+  const toml::table& table;
+
+  Field field(const toml::key& key, const toml::node& node) const {
+    return Field{origin, detail::concat(name, ".", key.str()), node};
+  }
+};
+
+[[noreturn]] void unknown_key(const Field& f) { f.fail("unknown key"); }
+
+void parse_run(const Section& s, RunConfig& c) {
+  for (auto&& [key, node] : s.table) {
+    const Field f = s.field(key, node);
+    if (key == "id") read(f, c.run.id);
+    else if (key == "seed") read(f, c.run.seed);
+    else unknown_key(f);
+  }
+}
+
+void parse_model(const Section& s, RunConfig& c) {
+  for (auto&& [key, node] : s.table) {
+    const Field f = s.field(key, node);
+    if (key == "layers") read(f, c.model.layers);
+    else if (key == "width") read(f, c.model.width);
+    else if (key == "heads") read(f, c.model.heads);
+    else if (key == "context") read(f, c.model.context);
+    else unknown_key(f);
+  }
+}
+
+void parse_train(const Section& s, RunConfig& c) {
+  for (auto&& [key, node] : s.table) {
+    const Field f = s.field(key, node);
+    if (key == "batch") read(f, c.train.batch);
+    else if (key == "lr") read(f, c.train.lr);
+    else if (key == "weight_decay") read(f, c.train.weight_decay);
+    else if (key == "warmup_steps") read(f, c.train.warmup_steps);
+    else if (key == "total_steps") read(f, c.train.total_steps);
+    else if (key == "eval_every") read(f, c.train.eval_every);
+    else if (key == "eval_batches") read(f, c.train.eval_batches);
+    else if (key == "grad_clip") read(f, c.train.grad_clip);
+    else unknown_key(f);
+  }
+}
+
+void parse_diloco(const Section& s, RunConfig& c) {
+  for (auto&& [key, node] : s.table) {
+    const Field f = s.field(key, node);
+    if (key == "fragments") read(f, c.diloco.fragments);
+    else if (key == "H") read(f, c.diloco.H);
+    else if (key == "blend_alpha") read(f, c.diloco.blend_alpha);
+    else unknown_key(f);
+  }
+}
+
+void parse_codec(const Section& s, RunConfig& c) {
+  for (auto&& [key, node] : s.table) {
+    const Field f = s.field(key, node);
+    if (key == "dtype") read(f, c.codec.dtype);
+    else if (key == "block_size") read(f, c.codec.block_size);
+    else if (key == "byte_shuffle") read(f, c.codec.byte_shuffle);
+    else if (key == "zstd_level") read(f, c.codec.zstd_level);
+    else unknown_key(f);
+  }
+}
+
+void parse_data(const Section& s, RunConfig& c) {
+  for (auto&& [key, node] : s.table) {
+    const Field f = s.field(key, node);
+    if (key == "path") read(f, c.data.path);
+    else if (key == "split") read(f, c.data.split);
+    else if (key == "heldout_fraction") read(f, c.data.heldout_fraction);
+    else unknown_key(f);
+  }
+}
+
+struct SectionParser {
+  std::string_view name;
+  void (*parse)(const Section&, RunConfig&);
+};
+
+constexpr SectionParser kSections[] = {
+    {"run", parse_run},       {"model", parse_model}, {"train", parse_train},
+    {"diloco", parse_diloco}, {"codec", parse_codec}, {"data", parse_data},
+};
+
+void apply_table(const toml::table& root, const Origin& origin, RunConfig& config) {
+  for (auto&& [name, node] : root) {
+    const Field f{origin, std::string(name.str()), node};
+    const SectionParser* parser = nullptr;
+    for (const auto& candidate : kSections)
+      if (candidate.name == name.str()) parser = &candidate;
+    if (parser == nullptr) {
+      std::string known;
+      for (const auto& candidate : kSections)
+        known += detail::concat(known.empty() ? "" : ", ", "[", candidate.name, "]");
+      f.fail(detail::concat("unknown section (known: ", known, ")"));
+    }
+    if (!node.is_table()) f.fail("must be a section ([" + f.name + "]), not a value");
+    parser->parse(Section{origin, name.str(), *node.as_table()}, config);
+  }
+}
+
+toml::table parse_toml(std::string_view text, const Origin& origin) {
+  try {
+    return toml::parse(text, origin.name);
+  } catch (const toml::parse_error& e) {
+    const auto& at = e.source().begin;
+    throw InvalidInput(detail::concat(origin.name, ":", at.line, ":", at.column, ": ",
+                                      e.description()));
+  }
+}
+
+void check(bool ok, const RunConfig& c, std::string_view what) {
+  if (!ok) throw InvalidInput(detail::concat(c.source, ": ", what));
+}
+
+}  // namespace
+
+DataSplit parse_data_split(std::string_view s) {
+  if (s == "iid") return DataSplit::iid;
+  if (s == "region") return DataSplit::region;
+  throw InvalidInput(detail::concat("unknown data split '", s, "' (expected iid or region)"));
+}
+
+const char* data_split_name(DataSplit split) {
+  switch (split) {
+    case DataSplit::iid:
+      return "iid";
+    case DataSplit::region:
+      return "region";
+  }
+  throw InternalError("unknown DataSplit value");
+}
+
+RunConfig parse_run_config(std::string_view toml_text, std::string_view origin_name) {
+  const Origin origin{std::string(origin_name)};
+  RunConfig config;
+  config.source = origin.name;
+  apply_table(parse_toml(toml_text, origin), origin, config);
+  return config;
+}
+
+void apply_override(RunConfig& config, std::string_view assignment) {
+  const Origin origin{detail::concat("override '", assignment, "'"), false};
+  const auto eq = assignment.find('=');
+  const auto dot = assignment.find('.');
+  if (eq == std::string_view::npos || dot == std::string_view::npos || dot > eq ||
+      assignment.find('\n') != std::string_view::npos)
+    throw InvalidInput(origin.name + ": expected section.key=value");
+  const std::string section(assignment.substr(0, dot));
+  const std::string key(assignment.substr(dot + 1, eq - dot - 1));
+  const std::string value(assignment.substr(eq + 1));
+
+  const std::string header = "[" + section + "]\n" + key + " = ";
+  std::string quoted = "\"";
+  for (char ch : value) {
+    if (ch == '"' || ch == '\\') quoted += '\\';
+    quoted += ch;
+  }
+  quoted += '"';
+  toml::table parsed;
+  try {
+    parsed = toml::parse(header + value);
+  } catch (const toml::parse_error&) {
+    parsed = parse_toml(header + quoted, origin);
+  }
+  apply_table(parsed, origin, config);
+  config.source += detail::concat(" + ", assignment);
+}
+
+RunConfig load_run_config(const std::filesystem::path& file,
+                          std::span<const std::string> overrides) {
+  std::ifstream in(file, std::ios::binary);
+  if (!in) throw IoError(detail::concat("cannot read run config ", file.string()));
+  std::ostringstream text;
+  text << in.rdbuf();
+  if (in.bad()) throw IoError(detail::concat("error reading run config ", file.string()));
+
+  RunConfig config = parse_run_config(text.str(), file.string());
+  for (const auto& o : overrides) apply_override(config, o);
+  validate_run_config(config);
+  return config;
+}
+
+void validate_run_config(const RunConfig& c) {
+  check(!c.run.id.empty(), c, "run.id must not be empty");
+  check(c.run.id.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+                                   "0123456789_-") == std::string::npos,
+        c, "run.id may only use letters, digits, '_' and '-' (it is part of topic names)");
+
+  check(c.model.layers >= 1, c, "model.layers must be at least 1");
+  check(c.model.width >= 1, c, "model.width must be at least 1");
+  check(c.model.heads >= 1, c, "model.heads must be at least 1");
+  check(c.model.width % c.model.heads == 0, c,
+        detail::concat("model.width (", c.model.width, ") must be a multiple of model.heads (",
+                       c.model.heads, ")"));
+  check(c.model.context >= 1, c, "model.context must be at least 1");
+
+  check(c.train.batch >= 1, c, "train.batch must be at least 1");
+  check(c.train.lr > 0, c, "train.lr must be positive");
+  check(c.train.weight_decay >= 0, c, "train.weight_decay must not be negative");
+  check(c.train.warmup_steps >= 0, c, "train.warmup_steps must not be negative");
+  check(c.train.total_steps >= 1, c, "train.total_steps must be at least 1");
+  check(c.train.warmup_steps <= c.train.total_steps, c,
+        detail::concat("train.warmup_steps (", c.train.warmup_steps,
+                       ") must not exceed train.total_steps (", c.train.total_steps, ")"));
+  check(c.train.eval_every >= 0, c, "train.eval_every must not be negative (0 disables eval)");
+  check(c.train.eval_batches >= 1, c, "train.eval_batches must be at least 1");
+  check(c.train.grad_clip >= 0, c, "train.grad_clip must not be negative (0 disables it)");
+
+  check(c.diloco.fragments >= 1, c, "diloco.fragments must be at least 1");
+  check(c.diloco.H >= 1 && c.diloco.H % c.diloco.fragments == 0, c,
+        detail::concat("diloco.H (", c.diloco.H, ") must be a positive multiple of ",
+                       "diloco.fragments (", c.diloco.fragments, ")"));
+  check(c.diloco.blend_alpha >= 0 && c.diloco.blend_alpha < 1, c,
+        "diloco.blend_alpha must be in [0, 1) (0 overwrites with the received parameters)");
+
+  check(c.codec.block_size >= 1, c, "codec.block_size must be at least 1");
+  check(c.codec.zstd_level >= 1 && c.codec.zstd_level <= 22, c,
+        "codec.zstd_level must be between 1 and 22");
+
+  check(!c.data.path.empty(), c, "data.path must not be empty");
+  check(c.data.heldout_fraction > 0 && c.data.heldout_fraction <= 0.5, c,
+        "data.heldout_fraction must be in (0, 0.5]");
+}
+
+}  // namespace diloco

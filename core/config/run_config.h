@@ -1,0 +1,99 @@
+// The run config: one TOML file (configs/*.toml) plus "section.key=value" overrides from the
+// command line. Every field has a default, so a file only says what differs. Unknown sections and
+// keys are errors naming the key and the file: a typo must never silently leave a default in place.
+//
+// Adding a section (e.g. [kafka], [merger]): add its struct and a member to RunConfig, write one
+// parse function that walks the section's keys (see run_config.cc), list it in kSections there,
+// and check its ranges in validate_run_config.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <span>
+#include <string>
+#include <string_view>
+
+#include "core/codec/quantize.h"
+
+namespace diloco {
+
+struct RunSection {
+  std::string id = "dev";  // names the Kafka topics (diloco.<id>.*) and goes into every message
+  uint64_t seed = 1;       // model initialisation and data sampling
+};
+
+// The vocabulary is not configurable: it is the fixed character set of core/data/corpus.h
+// (printable ASCII plus newline), so the model's shape never depends on the corpus file.
+struct ModelConfig {
+  int64_t layers = 2;
+  int64_t width = 64;    // model dimension; a multiple of heads
+  int64_t heads = 4;
+  int64_t context = 64;  // characters per training sequence
+};
+
+struct TrainConfig {
+  int64_t batch = 16;           // sequences per inner step
+  double lr = 3e-3;             // peak inner (AdamW) learning rate
+  double weight_decay = 0.1;    // on matrices and embeddings only
+  int64_t warmup_steps = 50;    // linear warmup, then cosine decay to 10% of lr at total_steps
+  int64_t total_steps = 2000;
+  int64_t eval_every = 100;     // inner steps between held-out evaluations; 0 disables them
+  int64_t eval_batches = 8;     // batches per held-out evaluation
+  double grad_clip = 1.0;       // max global gradient norm; 0 disables clipping
+};
+
+struct DilocoConfig {
+  uint32_t fragments = 4;    // P
+  uint32_t H = 100;          // inner steps between two syncs of one fragment; a multiple of P
+  // On adoption theta = alpha * theta_local + (1 - alpha) * received; 0 overwrites.
+  double blend_alpha = 0.0;
+};
+
+struct CodecConfig {
+  DType dtype = DType::INT4;  // of outer gradients on the wire
+  uint32_t block_size = 64;   // values per quantization scale (int8/int4)
+  bool byte_shuffle = true;
+  int zstd_level = 3;
+};
+
+enum class DataSplit {
+  iid,     // every learner strides over all training text
+  region,  // each region trains on its own books (non-iid)
+};
+DataSplit parse_data_split(std::string_view);  // "iid" | "region"; throws InvalidInput
+const char* data_split_name(DataSplit);
+
+struct DataConfig {
+  std::string path = "data/kjv.txt";  // written by scripts/bootstrap; relative to the working dir
+  DataSplit split = DataSplit::iid;
+  double heldout_fraction = 0.05;     // share of chapters held out for evaluation
+};
+
+struct RunConfig {
+  std::string source = "defaults";  // the file (and overrides) it came from, for error messages
+  RunSection run;
+  ModelConfig model;
+  TrainConfig train;
+  DilocoConfig diloco;
+  CodecConfig codec;
+  DataConfig data;
+};
+
+// Parses the file, applies the overrides in order, then validates. Throws IoError if the file
+// cannot be read, InvalidInput for syntax errors, unknown sections or keys, wrong types and
+// out-of-range values.
+RunConfig load_run_config(const std::filesystem::path& file,
+                          std::span<const std::string> overrides = {});
+
+// Parses TOML text (`origin` names it in error messages); does not validate.
+RunConfig parse_run_config(std::string_view toml_text, std::string_view origin);
+
+// Sets one field from "section.key=value". The value is read as a TOML value (3e-4, true, "x");
+// if it is not valid TOML it is taken as a bare string, so data.split=region works unquoted.
+// Checks the field's type but not the cross-field constraints: call validate_run_config after.
+void apply_override(RunConfig& config, std::string_view assignment);
+
+// Ranges and constraints between fields (width % heads == 0, H % fragments == 0, ...).
+void validate_run_config(const RunConfig& config);
+
+}  // namespace diloco

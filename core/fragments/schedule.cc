@@ -1,0 +1,33 @@
+#include "core/fragments/schedule.h"
+
+#include "core/errors.h"
+
+namespace diloco {
+
+void validate_schedule(const StreamingSchedule& s) {
+  if (s.num_fragments == 0 || s.sync_interval == 0 || s.sync_interval % s.num_fragments != 0)
+    throw InvalidInput(detail::concat("streaming schedule: H (", s.sync_interval,
+                                      ") must be a positive multiple of the number of fragments (",
+                                      s.num_fragments, ")"));
+}
+
+uint32_t fragment_period(const StreamingSchedule& s) {
+  validate_schedule(s);
+  return s.sync_interval / s.num_fragments;
+}
+
+std::optional<uint32_t> fragment_due(const StreamingSchedule& s, uint64_t step) {
+  const uint64_t period = fragment_period(s);
+  const uint64_t u = step + s.offset;
+  if (step == 0 || u % period != 0) return std::nullopt;
+  return static_cast<uint32_t>((u / period - 1) % s.num_fragments);
+}
+
+uint32_t stagger_offset(uint32_t learner_index, uint32_t num_learners, uint32_t sync_interval) {
+  if (num_learners == 0 || learner_index >= num_learners)
+    throw InvalidInput(detail::concat("stagger offset: learner index ", learner_index,
+                                      " is not below the number of learners ", num_learners));
+  return static_cast<uint32_t>(uint64_t{learner_index} * sync_interval / num_learners);
+}
+
+}  // namespace diloco

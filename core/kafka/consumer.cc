@@ -1,0 +1,197 @@
+#include "core/kafka/consumer.h"
+
+#include <librdkafka/rdkafkacpp.h>
+
+#include <algorithm>
+#include <chrono>
+
+#include "core/errors.h"
+#include "core/kafka/client_config.h"
+
+namespace diloco {
+
+using kafka_detail::set;
+
+namespace {
+
+std::vector<TopicPartitionOffset> to_offsets(const std::vector<RdKafka::TopicPartition*>& list) {
+  std::vector<TopicPartitionOffset> out;
+  for (const auto* tp : list) out.push_back({tp->topic(), tp->partition(), tp->offset()});
+  return out;
+}
+
+struct PartitionList {
+  std::vector<RdKafka::TopicPartition*> items;
+  explicit PartitionList(const std::vector<TopicPartitionOffset>& offsets) {
+    for (const auto& o : offsets) items.push_back(RdKafka::TopicPartition::create(o.topic, o.partition, o.offset));
+  }
+  ~PartitionList() { RdKafka::TopicPartition::destroy(items); }
+};
+
+}  // namespace
+
+struct Consumer::Callbacks : RdKafka::RebalanceCb {
+  RebalanceListener* listener = nullptr;
+  Consumer* owner = nullptr;
+
+  // Eager (range) protocol: the whole assignment is replaced on every rebalance.
+  void rebalance_cb(RdKafka::KafkaConsumer* consumer, RdKafka::ErrorCode err,
+                    std::vector<RdKafka::TopicPartition*>& partitions) override {
+    if (err == RdKafka::ERR__ASSIGN_PARTITIONS) {
+      consumer->assign(partitions);
+      owner->assigned_count_ = partitions.size();
+      owner->ended_.clear();
+      if (listener) listener->on_assigned(to_offsets(partitions));
+    } else {
+      if (listener) listener->on_revoked(to_offsets(partitions));
+      consumer->unassign();
+      owner->assigned_count_ = 0;
+      owner->ended_.clear();
+    }
+  }
+};
+
+Consumer::Consumer(ConsumerOptions options, RebalanceListener* listener)
+    : options_(std::move(options)), callbacks_(std::make_unique<Callbacks>()) {
+  callbacks_->listener = listener;
+  callbacks_->owner = this;
+  auto conf = kafka_detail::base_config(options_.kafka, kafka_detail::ClientKind::Consumer);
+  // librdkafka requires a group id even for assign()-only use; a unique one never joins.
+  set(*conf, "group.id", options_.group_id.empty() ? options_.kafka.client_id + "-reader" : options_.group_id);
+  set(*conf, "enable.auto.commit", "false");
+  set(*conf, "enable.auto.offset.store", "false");
+  set(*conf, "enable.partition.eof", "true");
+  set(*conf, "isolation.level", options_.read_committed ? "read_committed" : "read_uncommitted");
+  set(*conf, "auto.offset.reset", options_.auto_offset_reset);
+  set(*conf, "session.timeout.ms", std::to_string(options_.session_timeout_ms));
+  set(*conf, "heartbeat.interval.ms", std::to_string(std::max(100, options_.session_timeout_ms / 5)));
+  set(*conf, "max.poll.interval.ms", std::to_string(options_.max_poll_interval_ms));
+  set(*conf, "partition.assignment.strategy", options_.assignor);
+  set(*conf, "topic.metadata.refresh.interval.ms", std::to_string(options_.metadata_refresh_ms));
+  std::string error;
+  if (conf->set("rebalance_cb", static_cast<RdKafka::RebalanceCb*>(callbacks_.get()), error) !=
+      RdKafka::Conf::CONF_OK)
+    throw InternalError("rebalance callback: " + error);
+  consumer_.reset(RdKafka::KafkaConsumer::create(conf.get(), error));
+  if (!consumer_) throw InvalidInput("cannot create Kafka consumer: " + error);
+  if (!options_.group_id.empty() && !options_.topics.empty()) {
+    RdKafka::ErrorCode err = consumer_->subscribe(options_.topics);
+    if (err) throw InvalidInput("subscribe: " + RdKafka::err2str(err));
+  }
+}
+
+Consumer::~Consumer() {
+  if (consumer_) consumer_->close();
+}
+
+std::optional<ConsumedMessage> Consumer::poll(int timeout_ms) {
+  std::unique_ptr<RdKafka::Message> message(consumer_->consume(timeout_ms));
+  switch (message->err()) {
+    case RdKafka::ERR_NO_ERROR: {
+      ConsumedMessage out;
+      out.topic = message->topic_name();
+      out.partition = message->partition();
+      out.offset = message->offset();
+      out.timestamp_ms = message->timestamp().timestamp;
+      if (const std::string* key = message->key()) out.key = *key;
+      out.tombstone = message->payload() == nullptr;
+      const auto* bytes = static_cast<const uint8_t*>(message->payload());
+      out.value.assign(bytes, bytes + message->len());
+      out.headers = kafka_detail::from_rdkafka(message->headers());
+      return out;
+    }
+    case RdKafka::ERR__TIMED_OUT:
+      return std::nullopt;
+    case RdKafka::ERR__PARTITION_EOF: {
+      auto id = std::make_pair(message->topic_name(), message->partition());
+      if (std::find(ended_.begin(), ended_.end(), id) == ended_.end()) ended_.push_back(id);
+      return std::nullopt;
+    }
+    default:
+      if (message->err() == RdKafka::ERR__TRANSPORT || message->err() == RdKafka::ERR__ALL_BROKERS_DOWN ||
+          message->err() == RdKafka::ERR__RESOLVE)
+        return std::nullopt;  // librdkafka reconnects by itself; keep polling
+      if (message->err() == RdKafka::ERR_UNKNOWN_TOPIC_OR_PART ||
+          message->err() == RdKafka::ERR_TOPIC_AUTHORIZATION_FAILED)
+        throw InvalidInput("consumer: " + message->errstr() + " (create the run's topics: scripts/broker topics --run ID)");
+      throw Error("consumer: " + message->errstr());
+  }
+}
+
+void Consumer::commit(const std::vector<TopicPartitionOffset>& offsets) {
+  PartitionList list(offsets);
+  RdKafka::ErrorCode err = consumer_->commitSync(list.items);
+  if (err) throw Error("offset commit: " + RdKafka::err2str(err));
+}
+
+std::vector<TopicPartitionOffset> Consumer::committed(const std::vector<TopicPartitionOffset>& partitions,
+                                                      int timeout_ms) {
+  PartitionList list(partitions);
+  RdKafka::ErrorCode err = consumer_->committed(list.items, timeout_ms);
+  if (err) throw Unavailable("committed offsets: " + RdKafka::err2str(err));
+  return to_offsets(list.items);
+}
+
+void Consumer::assign(const std::vector<TopicPartitionOffset>& partitions) {
+  PartitionList list(partitions);
+  RdKafka::ErrorCode err = consumer_->assign(list.items);
+  if (err) throw Error("assign: " + RdKafka::err2str(err));
+  assigned_count_ = partitions.size();
+  ended_.clear();
+}
+
+std::vector<TopicPartitionOffset> Consumer::assignment() {
+  std::vector<RdKafka::TopicPartition*> list;
+  consumer_->assignment(list);
+  auto out = to_offsets(list);
+  RdKafka::TopicPartition::destroy(list);
+  return out;
+}
+
+bool Consumer::at_end() const { return ended_.size() >= assigned_count_; }
+
+int Consumer::partition_count(const std::string& topic, int timeout_ms) {
+  RdKafka::Metadata* raw = nullptr;
+  std::string error;
+  std::unique_ptr<RdKafka::Topic> handle(RdKafka::Topic::create(consumer_.get(), topic, nullptr, error));
+  RdKafka::ErrorCode err = consumer_->metadata(false, handle.get(), &raw, timeout_ms);
+  std::unique_ptr<RdKafka::Metadata> metadata(raw);
+  if (err) throw Unavailable("metadata for " + topic + ": " + RdKafka::err2str(err));
+  for (const auto* t : *metadata->topics()) {
+    if (t->topic() != topic) continue;
+    if (t->err() != RdKafka::ERR_NO_ERROR || t->partitions()->empty())
+      throw InvalidInput("topic " + topic + " does not exist (create the run's topics: scripts/broker topics --run ID)");
+    return static_cast<int>(t->partitions()->size());
+  }
+  throw InvalidInput("topic " + topic + " does not exist");
+}
+
+std::pair<int64_t, int64_t> Consumer::watermarks(const std::string& topic, int32_t partition, int timeout_ms) {
+  int64_t low = -1, high = -1;
+  RdKafka::ErrorCode err = consumer_->query_watermark_offsets(topic, partition, &low, &high, timeout_ms);
+  if (err) throw Unavailable("watermarks of " + topic + ": " + RdKafka::err2str(err));
+  return {low, high};
+}
+
+void read_to_end(const KafkaOptions& options, const std::vector<std::string>& topics,
+                 const std::function<void(const ConsumedMessage&)>& on_message, int timeout_ms) {
+  ConsumerOptions consumer_options;
+  consumer_options.kafka = options;
+  Consumer reader(consumer_options);
+  std::vector<TopicPartitionOffset> partitions;
+  for (const auto& topic : topics) {
+    int n = reader.partition_count(topic, timeout_ms);
+    for (int p = 0; p < n; ++p) partitions.push_back({topic, p, RdKafka::Topic::OFFSET_BEGINNING});
+  }
+  if (partitions.empty()) return;
+  reader.assign(partitions);
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  while (!reader.at_end()) {
+    if (std::chrono::steady_clock::now() > deadline)
+      throw Unavailable("reading " + topics.front() + " to its end took longer than " +
+                        std::to_string(timeout_ms) + " ms");
+    if (auto message = reader.poll(200)) on_message(*message);
+  }
+}
+
+}  // namespace diloco

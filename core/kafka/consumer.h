@@ -1,0 +1,99 @@
+// Kafka consumer adapter: a consumer-group member (range assignor, so co-partitioned topics are
+// assigned together; manual offset commits; read_committed), or a group-less reader that assigns
+// partitions itself (replay, start-up reads of the state topic).
+//
+// Threading: one thread owns a Consumer; rebalance callbacks run on it inside poll().
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/kafka/options.h"
+
+namespace RdKafka {
+class KafkaConsumer;
+}
+
+namespace diloco {
+
+struct ConsumerOptions {
+  KafkaOptions kafka;
+  std::string group_id;  // empty: no group (use assign())
+  // Subscription: names, or regular expressions starting with '^' (librdkafka syntax).
+  std::vector<std::string> topics;
+  bool read_committed = true;
+  std::string auto_offset_reset = "earliest";
+  int session_timeout_ms = 10000;
+  int max_poll_interval_ms = 300000;
+  int metadata_refresh_ms = 10000;  // how soon a new matching topic is noticed
+  std::string assignor = "range";
+};
+
+struct ConsumedMessage {
+  std::string topic;
+  int32_t partition = -1;
+  int64_t offset = -1;
+  int64_t timestamp_ms = 0;
+  std::string key;
+  std::vector<uint8_t> value;
+  Headers headers;
+  bool tombstone = false;  // null value (compacted topics)
+};
+
+// Called on the polling thread when the group moves partitions.
+struct RebalanceListener {
+  virtual ~RebalanceListener() = default;
+  virtual void on_assigned(const std::vector<TopicPartitionOffset>& partitions) = 0;
+  virtual void on_revoked(const std::vector<TopicPartitionOffset>& partitions) = 0;
+};
+
+class Consumer {
+ public:
+  explicit Consumer(ConsumerOptions options, RebalanceListener* listener = nullptr);
+  ~Consumer();
+  Consumer(const Consumer&) = delete;
+  Consumer& operator=(const Consumer&) = delete;
+
+  // One message, or nothing within timeout_ms. Partition-end events are swallowed (see
+  // at_end()). Throws Unavailable / Error on fatal consumer errors.
+  std::optional<ConsumedMessage> poll(int timeout_ms);
+
+  // Synchronous commit of explicit offsets (next offset to read).
+  void commit(const std::vector<TopicPartitionOffset>& offsets);
+  std::vector<TopicPartitionOffset> committed(const std::vector<TopicPartitionOffset>& partitions,
+                                              int timeout_ms);
+
+  // Group-less reading: assign exactly these partitions at these offsets (-2 = beginning).
+  void assign(const std::vector<TopicPartitionOffset>& partitions);
+  std::vector<TopicPartitionOffset> assignment();
+  // True once every assigned partition reported its end (the last stable offset for
+  // read_committed) since the last assign().
+  bool at_end() const;
+
+  // Partition count of a topic (metadata request); throws InvalidInput if the topic is missing.
+  int partition_count(const std::string& topic, int timeout_ms);
+  // (low, high) watermarks.
+  std::pair<int64_t, int64_t> watermarks(const std::string& topic, int32_t partition, int timeout_ms);
+
+  RdKafka::KafkaConsumer& raw() { return *consumer_; }
+  const ConsumerOptions& options() const { return options_; }
+
+ private:
+  struct Callbacks;
+  ConsumerOptions options_;
+  std::unique_ptr<Callbacks> callbacks_;
+  std::unique_ptr<RdKafka::KafkaConsumer> consumer_;
+  size_t assigned_count_ = 0;
+  std::vector<std::pair<std::string, int32_t>> ended_;
+};
+
+// Reads every committed message of `topics` from the beginning up to the end as of the call,
+// without a consumer group, calling on_message for each. Used by start-up state reads and replay.
+void read_to_end(const KafkaOptions& options, const std::vector<std::string>& topics,
+                 const std::function<void(const ConsumedMessage&)>& on_message, int timeout_ms);
+
+}  // namespace diloco

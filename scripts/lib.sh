@@ -1,0 +1,31 @@
+# Shared by the scripts in this folder: paths and the Kafka class path. Source it, don't run it.
+# shellcheck shell=bash
+
+DILOCO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+DILOCO_CACHE="${DILOCO_CACHE:-$DILOCO_ROOT/.cache}"
+# The pinned broker version lives in broker_config/pom.xml only.
+KAFKA_VERSION="$(sed -n 's:.*<kafka.version>\(.*\)</kafka.version>.*:\1:p' "$DILOCO_ROOT/broker_config/pom.xml")"
+KAFKA_LIB_DIR="$DILOCO_CACHE/kafka-$KAFKA_VERSION/lib"
+
+say() { printf '%s\n' "$*" >&2; }
+die() { printf 'error: %s\n' "$*" >&2; exit 1; }
+
+# Prints the directory holding the broker's jars: $KAFKA_HOME/libs for an official distribution,
+# otherwise the Maven-fetched cache. Fails with a way out when neither exists.
+kafka_lib_dir() {
+  if [[ -n "${KAFKA_HOME:-}" ]]; then
+    compgen -G "$KAFKA_HOME/libs/kafka_2.13-*.jar" >/dev/null ||
+      die "KAFKA_HOME=$KAFKA_HOME is not an Apache Kafka distribution (no libs/kafka_2.13-*.jar)"
+    printf '%s\n' "$KAFKA_HOME/libs"
+    return
+  fi
+  compgen -G "$KAFKA_LIB_DIR/kafka_2.13-*.jar" >/dev/null ||
+    die "the Kafka broker is not fetched yet ($KAFKA_LIB_DIR): run scripts/bootstrap"
+  printf '%s\n' "$KAFKA_LIB_DIR"
+}
+
+# Reads broker_config/limits.env into the environment.
+load_limits() {
+  # shellcheck disable=SC1091
+  source "$DILOCO_ROOT/broker_config/limits.env"
+}

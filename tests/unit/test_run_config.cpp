@@ -1,0 +1,185 @@
+// Run config: TOML sections, defaults, strict keys and types, command-line overrides.
+#include <catch2/catch.hpp>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "core/config/run_config.h"
+#include "core/errors.h"
+
+using namespace diloco;
+using Catch::Matchers::Contains;
+
+TEST_CASE("an empty file gives the defaults", "[config]") {
+  const RunConfig c = parse_run_config("", "empty.toml");
+  CHECK(c.run.id == RunConfig{}.run.id);
+  CHECK(c.model.width == ModelConfig{}.width);
+  CHECK(c.codec.dtype == DType::INT4);
+  CHECK_NOTHROW(validate_run_config(c));
+}
+
+TEST_CASE("every section and key is read", "[config]") {
+  const RunConfig c = parse_run_config(R"(
+[run]
+id = "exp-1"
+seed = 42
+[model]
+layers = 3
+width = 96
+heads = 6
+context = 32
+[train]
+batch = 8
+lr = 1e-3
+weight_decay = 0
+warmup_steps = 10
+total_steps = 500
+eval_every = 50
+eval_batches = 4
+grad_clip = 0.5
+[diloco]
+fragments = 3
+H = 30
+blend_alpha = 0.5
+[codec]
+dtype = "int8"
+block_size = 128
+byte_shuffle = false
+zstd_level = 9
+[data]
+path = "/tmp/kjv.txt"
+split = "region"
+heldout_fraction = 0.1
+)",
+                                       "full.toml");
+  CHECK(c.run.id == "exp-1");
+  CHECK(c.run.seed == 42);
+  CHECK(c.model.layers == 3);
+  CHECK(c.model.width == 96);
+  CHECK(c.model.heads == 6);
+  CHECK(c.model.context == 32);
+  CHECK(c.train.batch == 8);
+  CHECK(c.train.lr == Approx(1e-3));
+  CHECK(c.train.weight_decay == 0.0);  // an integer is accepted for a float field
+  CHECK(c.train.warmup_steps == 10);
+  CHECK(c.train.total_steps == 500);
+  CHECK(c.train.eval_every == 50);
+  CHECK(c.train.eval_batches == 4);
+  CHECK(c.train.grad_clip == Approx(0.5));
+  CHECK(c.diloco.fragments == 3);
+  CHECK(c.diloco.H == 30);
+  CHECK(c.diloco.blend_alpha == Approx(0.5));
+  CHECK(c.codec.dtype == DType::INT8);
+  CHECK(c.codec.block_size == 128);
+  CHECK_FALSE(c.codec.byte_shuffle);
+  CHECK(c.codec.zstd_level == 9);
+  CHECK(c.data.path == "/tmp/kjv.txt");
+  CHECK(c.data.split == DataSplit::region);
+  CHECK(c.data.heldout_fraction == Approx(0.1));
+  CHECK_NOTHROW(validate_run_config(c));
+}
+
+TEST_CASE("unknown keys and sections are errors naming the key and the file", "[config]") {
+  CHECK_THROWS_WITH(parse_run_config("[model]\nlayers = 2\nlayrs = 3\n", "cfg.toml"),
+                    Contains("cfg.toml:3") && Contains("model.layrs") && Contains("unknown key"));
+  CHECK_THROWS_WITH(parse_run_config("[modle]\nlayers = 2\n", "cfg.toml"),
+                    Contains("cfg.toml") && Contains("modle") && Contains("unknown section"));
+  CHECK_THROWS_WITH(parse_run_config("seed = 2\n", "cfg.toml"),
+                    Contains("cfg.toml") && Contains("seed"));
+  CHECK_THROWS_AS(parse_run_config("[model]\nlayrs = 3\n", "cfg.toml"), InvalidInput);
+}
+
+TEST_CASE("wrong types are clear errors", "[config]") {
+  CHECK_THROWS_WITH(parse_run_config("[model]\nlayers = \"two\"\n", "cfg.toml"),
+                    Contains("cfg.toml:2") && Contains("model.layers") &&
+                        Contains("expected an integer") && Contains("string"));
+  CHECK_THROWS_WITH(parse_run_config("[train]\nlr = \"fast\"\n", "cfg.toml"),
+                    Contains("train.lr") && Contains("expected a number"));
+  CHECK_THROWS_WITH(parse_run_config("[codec]\nbyte_shuffle = 1\n", "cfg.toml"),
+                    Contains("codec.byte_shuffle") && Contains("boolean"));
+  CHECK_THROWS_WITH(parse_run_config("[codec]\ndtype = \"int3\"\n", "cfg.toml"),
+                    Contains("codec.dtype"));
+  CHECK_THROWS_WITH(parse_run_config("[data]\nsplit = \"random\"\n", "cfg.toml"),
+                    Contains("data.split") && Contains("iid or region"));
+  CHECK_THROWS_WITH(parse_run_config("[diloco]\nfragments = -1\n", "cfg.toml"),
+                    Contains("diloco.fragments"));
+  CHECK_THROWS_WITH(parse_run_config("[run]\nseed = -5\n", "cfg.toml"), Contains("run.seed"));
+  CHECK_THROWS_WITH(parse_run_config("[model]\nlayers = 2.5\n", "cfg.toml"),
+                    Contains("model.layers"));
+}
+
+TEST_CASE("TOML syntax errors carry the file and line", "[config]") {
+  CHECK_THROWS_WITH(parse_run_config("[model]\nlayers = = 2\n", "cfg.toml"),
+                    Contains("cfg.toml:2"));
+}
+
+TEST_CASE("overrides set one field each, with the field's type", "[config]") {
+  RunConfig c;
+  apply_override(c, "train.lr=3e-4");
+  apply_override(c, "model.layers=6");
+  apply_override(c, "data.split=region");         // bare word: taken as a string
+  apply_override(c, "data.path=\"/a b/c.txt\"");  // quoted TOML string
+  apply_override(c, "codec.byte_shuffle=false");
+  apply_override(c, "run.id=run-7");
+  apply_override(c, "diloco.H=24");
+  CHECK(c.train.lr == Approx(3e-4));
+  CHECK(c.model.layers == 6);
+  CHECK(c.data.split == DataSplit::region);
+  CHECK(c.data.path == "/a b/c.txt");
+  CHECK_FALSE(c.codec.byte_shuffle);
+  CHECK(c.run.id == "run-7");
+  CHECK(c.diloco.H == 24);
+
+  CHECK_THROWS_WITH(apply_override(c, "model.layers=many"),
+                    Contains("model.layers=many") && Contains("expected an integer"));
+  CHECK_THROWS_WITH(apply_override(c, "model.depth=3"), Contains("model.depth"));
+  CHECK_THROWS_WITH(apply_override(c, "nosection=3"), Contains("section.key=value"));
+  CHECK_THROWS_WITH(apply_override(c, "model.layers"), Contains("section.key=value"));
+  CHECK(c.model.layers == 6);
+}
+
+TEST_CASE("validation checks ranges and constraints between fields", "[config]") {
+  const auto invalid = [](std::string_view override_text) {
+    RunConfig c;
+    apply_override(c, override_text);
+    validate_run_config(c);
+  };
+  CHECK_THROWS_WITH(invalid("model.width=65"), Contains("model.width") && Contains("heads"));
+  CHECK_THROWS_WITH(invalid("diloco.H=10"), Contains("diloco.H") && Contains("fragments"));
+  CHECK_THROWS_WITH(invalid("diloco.blend_alpha=1.0"), Contains("blend_alpha"));
+  CHECK_THROWS_WITH(invalid("train.batch=0"), Contains("train.batch"));
+  CHECK_THROWS_WITH(invalid("train.warmup_steps=5000"), Contains("warmup_steps"));
+  CHECK_THROWS_WITH(invalid("data.heldout_fraction=0"), Contains("heldout_fraction"));
+  CHECK_THROWS_WITH(invalid("run.id=\"a.b\""), Contains("run.id"));
+  CHECK_THROWS_AS(invalid("codec.zstd_level=0"), InvalidInput);
+}
+
+TEST_CASE("load_run_config reads a file, applies overrides, validates", "[config]") {
+  const auto path = std::filesystem::temp_directory_path() /
+                    ("diloco_test_run_config_" + std::to_string(getpid()) + ".toml");
+  {
+    std::ofstream out(path);
+    out << "[model]\nlayers = 3\n[diloco]\nfragments = 2\nH = 20\n";
+  }
+  const std::vector<std::string> overrides{"model.layers=4", "train.batch=2"};
+  const RunConfig c = load_run_config(path, overrides);
+  CHECK(c.model.layers == 4);
+  CHECK(c.train.batch == 2);
+  CHECK(c.diloco.fragments == 2);
+  CHECK_THAT(c.source, Contains(path.string()) && Contains("model.layers=4"));
+
+  const std::vector<std::string> bad{"diloco.H=21"};
+  CHECK_THROWS_WITH(load_run_config(path, bad), Contains(path.string()) && Contains("diloco.H"));
+  std::filesystem::remove(path);
+  CHECK_THROWS_AS(load_run_config(path), IoError);
+}
+
+TEST_CASE("the shipped configs load and validate", "[config]") {
+  for (const char* name : {"tiny", "demo", "bench"}) {
+    const auto path =
+        std::filesystem::path(DILOCO_SOURCE_DIR) / "configs" / (std::string(name) + ".toml");
+    INFO(path);
+    CHECK_NOTHROW(load_run_config(path));
+  }
+}
