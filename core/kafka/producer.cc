@@ -71,7 +71,14 @@ Producer::Producer(ProducerOptions options, DeliveryCallback on_delivery)
   if (!producer_) throw InvalidInput("cannot create Kafka producer: " + error);
 }
 
-Producer::~Producer() = default;
+Producer::~Producer() {
+  // Drop what was never acknowledged (close paths flush first, bounded); destroying with queued
+  // messages would otherwise wait for them.
+  if (producer_) {
+    producer_->purge(RdKafka::Producer::PURGE_QUEUE | RdKafka::Producer::PURGE_INFLIGHT);
+    producer_->poll(0);
+  }
+}
 
 Producer::Enqueue Producer::try_produce(const Record& record, uint64_t token) {
   if (record.value.size() > options_.kafka.max_message_bytes)

@@ -1,0 +1,75 @@
+#include "core/zmq/params_channel.h"
+
+#include <zmq_addon.hpp>
+
+#include <charconv>
+
+#include "core/errors.h"
+
+namespace diloco {
+
+ParamsPublisher::ParamsPublisher(zmq::context_t& context, const std::string& bind, int send_high_water_mark)
+    : socket_(context, zmq::socket_type::pub) {
+  socket_.set(zmq::sockopt::sndhwm, send_high_water_mark);
+  socket_.set(zmq::sockopt::linger, 0);
+  try {
+    socket_.bind(bind);
+  } catch (const zmq::error_t& e) {
+    throw IoError("cannot bind the parameter publisher to " + bind + ": " + e.what() +
+                  " (choose another endpoint with --bind)");
+  }
+  bound_ = socket_.get(zmq::sockopt::last_endpoint);
+}
+
+void ParamsPublisher::publish(uint32_t fragment, std::span<const uint8_t> message) {
+  std::string topic = std::to_string(fragment);
+  // PUB never blocks: with the high-water mark reached the message is dropped for that peer.
+  (void)socket_.send(zmq::buffer(topic), zmq::send_flags::sndmore | zmq::send_flags::dontwait);
+  (void)socket_.send(zmq::buffer(message.data(), message.size()), zmq::send_flags::dontwait);
+}
+
+ParamsSubscriber::ParamsSubscriber(zmq::context_t& context, int receive_high_water_mark)
+    : socket_(context, zmq::socket_type::sub) {
+  socket_.set(zmq::sockopt::rcvhwm, receive_high_water_mark);
+  socket_.set(zmq::sockopt::linger, 0);
+  socket_.set(zmq::sockopt::subscribe, "");
+  // Reconnect with exponential back-off up to 5 s when a merger goes away.
+  socket_.set(zmq::sockopt::reconnect_ivl, 100);
+  socket_.set(zmq::sockopt::reconnect_ivl_max, 5000);
+}
+
+void ParamsSubscriber::connect(const std::string& endpoint) {
+  if (endpoints_.count(endpoint)) return;
+  try {
+    socket_.connect(endpoint);
+  } catch (const zmq::error_t& e) {
+    throw InvalidInput("cannot connect to merger endpoint '" + endpoint + "': " + e.what());
+  }
+  endpoints_.insert(endpoint);
+}
+
+void ParamsSubscriber::disconnect(const std::string& endpoint) {
+  if (!endpoints_.erase(endpoint)) return;
+  try {
+    socket_.disconnect(endpoint);
+  } catch (const zmq::error_t&) {
+    // Already gone: nothing to undo.
+  }
+}
+
+std::optional<ParamsSubscriber::Received> ParamsSubscriber::receive(std::chrono::milliseconds timeout) {
+  zmq::pollitem_t item{socket_.handle(), 0, ZMQ_POLLIN, 0};
+  if (zmq::poll(&item, 1, timeout) == 0) return std::nullopt;
+  std::vector<zmq::message_t> frames;
+  if (!zmq::recv_multipart(socket_, std::back_inserter(frames), zmq::recv_flags::dontwait)) return std::nullopt;
+  if (frames.size() != 2) return std::nullopt;
+  Received out;
+  const char* begin = frames[0].data<char>();
+  auto [end, ec] = std::from_chars(begin, begin + frames[0].size(), out.fragment);
+  if (ec != std::errc() || end != begin + frames[0].size()) return std::nullopt;
+  const auto* bytes = frames[1].data<uint8_t>();
+  out.message.assign(bytes, bytes + frames[1].size());
+  return out;
+}
+
+}  // namespace diloco

@@ -1,0 +1,107 @@
+#include "learner/param_inbox.h"
+
+#include <zmq.hpp>
+
+#include <chrono>
+#include <iostream>
+
+#include "core/kafka/consumer.h"
+#include "core/zmq/params_channel.h"
+
+namespace diloco {
+
+ParamInbox::ParamInbox(ParamInboxOptions options, Metrics& metrics)
+    : options_(std::move(options)), metrics_(metrics) {
+  thread_ = std::thread([this] { run(); });
+}
+
+ParamInbox::~ParamInbox() {
+  stop_ = true;
+  if (thread_.joinable()) thread_.join();
+}
+
+std::vector<FragmentParams> ParamInbox::take(const std::vector<uint64_t>& known) {
+  std::lock_guard lock(mutex_);
+  std::vector<FragmentParams> out;
+  for (auto it = latest_.begin(); it != latest_.end();) {
+    if (it->first < known.size() && it->second.version > known[it->first]) out.push_back(std::move(it->second));
+    it = latest_.erase(it);
+  }
+  return out;
+}
+
+std::vector<std::string> ParamInbox::endpoints() const {
+  std::lock_guard lock(mutex_);
+  return endpoints_;
+}
+
+void ParamInbox::run() {
+  zmq::context_t context(1);
+  ParamsSubscriber subscriber(context);
+  auto connect = [&](const std::string& endpoint) {
+    try {
+      subscriber.connect(endpoint);
+      std::lock_guard lock(mutex_);
+      endpoints_.assign(subscriber.endpoints().begin(), subscriber.endpoints().end());
+    } catch (const InvalidInput& e) {
+      std::cerr << "learner: ignoring merger endpoint: " << e.what() << "\n";
+    }
+  };
+  for (const auto& e : options_.endpoints) connect(e);
+
+  // Follow `members` from the beginning (compacted: the latest announcement of each instance).
+  std::unique_ptr<Consumer> members;
+  auto open_members = [&] {
+    try {
+      ConsumerOptions consumer_options{.kafka = options_.kafka};
+      consumer_options.kafka.client_id = options_.kafka.client_id + "-members";
+      members = std::make_unique<Consumer>(consumer_options);
+      members->assign({{options_.topics.members(), 0, -2 /* beginning */}});
+    } catch (const Error& e) {
+      std::cerr << "learner: cannot follow " << options_.topics.members() << " yet: " << e.what() << "\n";
+      members.reset();
+    }
+  };
+  open_members();
+
+  while (!stop_) {
+    if (!members) open_members();
+    if (members) {
+      try {
+        for (int i = 0; i < 16; ++i) {
+          auto message = members->poll(0);
+          if (!message) break;
+          if (message->tombstone) continue;
+          try {
+            Member m = decode_member(message->value, options_.limits);
+            if (m.role == Role::Merger && !m.endpoint.empty()) connect(m.endpoint);
+          } catch (const Rejection& e) {
+            metrics_.add("members_rejected_total", 1);
+          }
+        }
+      } catch (const Error& e) {
+        std::cerr << "learner: members topic: " << e.what() << "\n";
+        members.reset();
+      }
+    }
+    auto received = subscriber.receive(std::chrono::milliseconds(50));
+    if (!received) continue;
+    try {
+      FragmentParams params = decode_fragment_params(received->message, options_.limits);
+      if (params.fragment != received->fragment)
+        throw Rejection(RejectReason::FragmentOutOfRange, "ZeroMQ topic says fragment " +
+                                                               std::to_string(received->fragment) + ", message says " +
+                                                               std::to_string(params.fragment));
+      ++received_;
+      metrics_.add("params_received_total", 1);
+      std::lock_guard lock(mutex_);
+      auto& slot = latest_[params.fragment];
+      if (params.version >= slot.version) slot = std::move(params);
+    } catch (const Rejection& e) {
+      ++rejected_;
+      metrics_.add("params_rejected_total", 1, {{"reason", reject_reason_name(e.reason)}});
+    }
+  }
+}
+
+}  // namespace diloco

@@ -1,0 +1,59 @@
+// Receives global fragments for a learner without touching the model.
+//
+// A background thread follows the `members` topic to learn every merger's ZeroMQ endpoint
+// (including mergers that appear later), subscribes to all of them, and strictly decodes each
+// FragmentParams (run id, fingerprint, shapes, checksum). Rejected messages are counted by
+// reason and never reach the model. The training thread calls take() at a step boundary and gets
+// the newest version of each fragment that arrived since its last call.
+#pragma once
+
+#include <atomic>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "core/codec/messages.h"
+#include "core/kafka/options.h"
+#include "core/kafka/topics.h"
+#include "core/metrics/metrics.h"
+
+namespace diloco {
+
+struct ParamInboxOptions {
+  KafkaOptions kafka;
+  RunTopics topics;
+  DecodeLimits limits;  // run id, fingerprint, layout
+  // Extra endpoints to subscribe to from the start (besides those announced in `members`).
+  std::vector<std::string> endpoints;
+};
+
+class ParamInbox {
+ public:
+  ParamInbox(ParamInboxOptions options, Metrics& metrics);
+  ~ParamInbox();
+
+  // Newest received version of each fragment whose version is above `known[fragment]`.
+  std::vector<FragmentParams> take(const std::vector<uint64_t>& known);
+
+  uint64_t received() const { return received_; }
+  uint64_t rejected() const { return rejected_; }
+  std::vector<std::string> endpoints() const;
+
+ private:
+  void run();
+
+  ParamInboxOptions options_;
+  Metrics& metrics_;
+  mutable std::mutex mutex_;
+  std::map<uint32_t, FragmentParams> latest_;
+  std::vector<std::string> endpoints_;
+  std::atomic<uint64_t> received_{0};
+  std::atomic<uint64_t> rejected_{0};
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+};
+
+}  // namespace diloco
