@@ -1,0 +1,30 @@
+// Shared by every long-running binary: a stop flag set by SIGINT/SIGTERM (the librdkafka example
+// shape: the handler only sets the flag, the main loop notices and shuts down in bounded time),
+// and the bootstrap-servers default.
+#pragma once
+
+#include <atomic>
+#include <csignal>
+#include <cstdlib>
+#include <string>
+
+namespace diloco {
+
+inline std::atomic<bool>& stop_requested() {
+  static std::atomic<bool> flag{false};
+  return flag;
+}
+
+inline void install_stop_handlers() {
+  auto handler = [](int) { stop_requested() = true; };
+  std::signal(SIGINT, handler);
+  std::signal(SIGTERM, handler);
+}
+
+// $DILOCO_BOOTSTRAP, or the address scripts/broker uses.
+inline std::string default_bootstrap_servers() {
+  const char* env = std::getenv("DILOCO_BOOTSTRAP");
+  return env && *env ? env : "127.0.0.1:19092";
+}
+
+}  // namespace diloco

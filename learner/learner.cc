@@ -1,0 +1,405 @@
+#include "learner/learner.h"
+
+#include <sys/resource.h>
+
+#include <cmath>
+#include <filesystem>
+#include <iostream>
+#include <map>
+#include <optional>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include "core/data/corpus.h"
+#include "core/fragments/schedule.h"
+#include "core/kafka/consumer.h"
+#include "core/kafka/run_log.h"
+#include "core/metrics/metrics.h"
+#include "core/model/cpu_runtime.h"
+#include "core/train/inner_optimizer.h"
+#include "core/train/model_setup.h"
+#include "learner/delta_publisher.h"
+#include "learner/param_inbox.h"
+
+namespace diloco {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+int64_t unix_us() {
+  return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+long max_rss_kb() {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  return usage.ru_maxrss;
+}
+
+uint32_t region_index(const LearnerOptions& o) {
+  for (uint32_t i = 0; i < o.regions.size(); ++i)
+    if (o.regions[i] == o.region) return i;
+  throw InvalidInput("region '" + o.region + "' is not in --regions");
+}
+
+// The global state of every fragment as this learner knows it.
+struct FragmentTrack {
+  uint64_t version = 0;
+  std::vector<DenseTensor> anchor;       // global params of `version`: deltas are measured from here
+  std::vector<ErrorFeedback> feedback;   // per tensor: what quantization has not sent yet
+  uint64_t seq = 0;                      // deltas sent for this fragment
+  uint32_t steps = 0;                    // inner steps since `version` was adopted
+  uint64_t tokens = 0;
+  uint64_t adopted_checksum = 0;
+};
+
+class Learner {
+ public:
+  Learner(const LearnerOptions& options, const std::atomic<bool>& stop)
+      : o_(options), stop_(stop), setup_(build_model(options.config)), metrics_("diloco_learner_") {}
+
+  int run();
+
+ private:
+  bool networked() const { return o_.mode != LearnerMode::Standalone; }
+  DecodeLimits limits() const {
+    return DecodeLimits{.run_id = o_.config.run.id, .fingerprint = setup_.layout.fingerprint, .layout = &setup_.layout,
+                        .max_message_bytes = o_.kafka.max_message_bytes};
+  }
+  void load_global_state();
+  void adopt_received();
+  void publish_delta(uint32_t p, uint64_t step, float loss);
+  void heartbeat(uint64_t step, float loss);
+  void log(nlohmann::json record);
+  bool out_of_budget(uint64_t step) const;
+  int eval_only_loop();
+
+  const LearnerOptions& o_;
+  const std::atomic<bool>& stop_;
+  ModelSetup setup_;
+  Metrics metrics_;
+  std::unique_ptr<JsonLines> log_;
+  std::unique_ptr<MetricsEndpoint> endpoint_;
+  std::vector<FragmentTrack> fragments_;
+  std::unique_ptr<DeltaPublisher> publisher_;
+  std::unique_ptr<ParamInbox> inbox_;
+  Clock::time_point start_ = Clock::now();
+  Clock::time_point last_heartbeat_{};
+  double step_time_ema_ = 0;
+  double tokens_per_s_ = 0;
+  uint64_t total_tokens_ = 0;
+  uint64_t adopted_ = 0;
+};
+
+void Learner::log(nlohmann::json record) {
+  record["t"] = seconds_since(start_);
+  record["time_us"] = unix_us();
+  record["learner"] = o_.learner_id;
+  if (log_) log_->write(record);
+}
+
+bool Learner::out_of_budget(uint64_t step) const {
+  int64_t steps = o_.steps > 0 ? o_.steps : o_.config.train.total_steps;
+  if (o_.mode != LearnerMode::EvalOnly && static_cast<int64_t>(step) >= steps) return true;
+  return o_.max_seconds > 0 && seconds_since(start_) >= o_.max_seconds;
+}
+
+void Learner::load_global_state() {
+  auto n = setup_.layout.num_fragments();
+  fragments_.resize(n);
+  for (uint32_t p = 0; p < n; ++p) {
+    auto& f = fragments_[p];
+    f.anchor = fragment_tensors(setup_.model, setup_.layout, p);
+    for (const auto& t : f.anchor) f.feedback.emplace_back(static_cast<int64_t>(t.values.size()));
+  }
+  if (!networked()) return;
+  std::cerr << "learner " << o_.learner_id << ": reading the global state from " << RunTopics{o_.config.run.id}.state()
+            << "\n";
+  StateScan scan = wait_for_states(o_.kafka, RunTopics{o_.config.run.id}, limits(), o_.genesis_timeout,
+                                   [&](size_t missing) {
+                                     std::cerr << "learner " << o_.learner_id << ": waiting for version 0 of " << missing
+                                               << " fragment(s): start a merger\n";
+                                   });
+  for (auto& [p, state] : scan.latest) {
+    if (p >= n) continue;
+    load_fragment(setup_.model, setup_.layout, p, state.params);
+    fragments_[p].version = state.version;
+    fragments_[p].anchor = std::move(state.params);
+    fragments_[p].adopted_checksum = state.checksum;
+  }
+  std::cerr << "learner " << o_.learner_id << ": starting from versions";
+  for (const auto& f : fragments_) std::cerr << " " << f.version;
+  std::cerr << "\n";
+}
+
+void Learner::adopt_received() {
+  if (!inbox_) return;
+  std::vector<uint64_t> known;
+  for (const auto& f : fragments_) known.push_back(f.version);
+  for (FragmentParams& params : inbox_->take(known)) {
+    uint32_t p = params.fragment;
+    auto& f = fragments_[p];
+    uint64_t behind = params.version - f.version;
+    double alpha = o_.config.diloco.blend_alpha;
+    if (alpha > 0) {
+      // theta = alpha * theta_local + (1 - alpha) * received (Streaming DiLoCo's mixing).
+      auto local = fragment_tensors(setup_.model, setup_.layout, p);
+      for (size_t t = 0; t < local.size(); ++t)
+        for (size_t i = 0; i < local[t].values.size(); ++i)
+          local[t].values[i] = static_cast<float>(alpha * local[t].values[i] + (1 - alpha) * params.tensors[t].values[i]);
+      load_fragment(setup_.model, setup_.layout, p, local);
+    } else {
+      load_fragment(setup_.model, setup_.layout, p, params.tensors);
+    }
+    f.version = params.version;
+    f.adopted_checksum = params.checksum;
+    f.anchor = std::move(params.tensors);
+    f.steps = 0;
+    f.tokens = 0;
+    ++adopted_;
+    metrics_.add("versions_adopted_total", 1);
+    metrics_.set("fragment_version", static_cast<double>(f.version), {{"fragment", std::to_string(p)}});
+    metrics_.observe("adoption_gap_versions", static_cast<double>(behind), {1, 2, 4, 8, 16, 32});
+    log({{"event", "adopt"}, {"fragment", p}, {"version", f.version}, {"versions_behind", behind},
+         {"checksum", f.adopted_checksum}});
+  }
+}
+
+void Learner::publish_delta(uint32_t p, uint64_t step, float loss) {
+  auto& f = fragments_[p];
+  if (f.steps == 0) return;
+  auto current = copy_fragment(setup_.model, setup_.layout, p);
+  const auto& codec = o_.config.codec;
+  std::vector<QuantizedTensor> quantized;
+  quantized.reserve(current.size());
+  std::vector<float> delta;
+  for (uint32_t t = 0; t < current.size(); ++t) {
+    const auto& anchor = f.anchor[t].values;
+    delta.resize(anchor.size());
+    for (size_t i = 0; i < anchor.size(); ++i) delta[i] = anchor[i] - current[t][i];
+    quantized.push_back(f.feedback[t].push(t, f.anchor[t].shape, delta, codec.dtype, codec.block_size));
+  }
+  DeltaHeader h;
+  h.run_id = o_.config.run.id;
+  h.fingerprint = setup_.layout.fingerprint;
+  h.learner_id = o_.learner_id;
+  h.region = o_.region;
+  h.fragment = p;
+  h.seq = ++f.seq;
+  h.base_version = f.version;
+  h.inner_steps = f.steps;
+  h.tokens = f.tokens;
+  h.learner_step = step;
+  h.train_loss = std::isfinite(loss) ? loss : 0.0f;
+  h.send_time_us = unix_us();
+  CodecOptions options{.dtype = codec.dtype, .block_size = codec.block_size, .byte_shuffle = codec.byte_shuffle,
+                       .zstd_level = codec.zstd_level};
+  auto bytes = encode_delta(h, std::span<const QuantizedTensor>(quantized), options);
+  metrics_.add("deltas_submitted_total", 1);
+  metrics_.add("delta_wire_bytes_total", static_cast<double>(bytes.size()));
+  log({{"event", "delta"}, {"fragment", p}, {"seq", h.seq}, {"base_version", h.base_version},
+       {"inner_steps", h.inner_steps}, {"tokens", h.tokens}, {"wire_bytes", bytes.size()}});
+  publisher_->submit(OutgoingDelta{std::move(h), std::move(bytes)});
+}
+
+void Learner::heartbeat(uint64_t step, float loss) {
+  if (!publisher_ || seconds_since(last_heartbeat_) < o_.heartbeat_interval_s) return;
+  last_heartbeat_ = Clock::now();
+  Member m;
+  m.run_id = o_.config.run.id;
+  m.instance_id = o_.learner_id;
+  m.role = o_.mode == LearnerMode::EvalOnly ? Role::Evaluator : Role::Learner;
+  m.region = o_.region;
+  m.time_us = unix_us();
+  m.step = step;
+  m.step_time_s = static_cast<float>(step_time_ema_);
+  m.tokens_per_s = static_cast<float>(tokens_per_s_);
+  m.loss = std::isfinite(loss) ? loss : 0.0f;
+  m.tokens = total_tokens_;
+  m.bytes_sent = publisher_->stats().bytes_delivered;
+  for (uint32_t p = 0; p < fragments_.size(); ++p) {
+    m.owned_fragments.push_back(p);
+    m.fragment_versions.push_back(fragments_[p].version);
+  }
+  publisher_->submit_heartbeat(o_.learner_id, encode_member(m));
+}
+
+int Learner::eval_only_loop() {
+  const auto& train = o_.config.train;
+  Corpus corpus = load_corpus(o_.config.data.path);
+  BatchStream heldout = heldout_batches(corpus, o_.config.data, train.batch, o_.config.model.context);
+  Clock::time_point last_eval{};
+  while (!stop_ && !out_of_budget(0)) {
+    adopt_received();
+    heartbeat(0, 0);
+    if (seconds_since(last_eval) >= o_.eval_interval_s) {
+      last_eval = Clock::now();
+      double loss = heldout_loss(setup_.model, heldout, train.eval_batches);
+      metrics_.set("global_eval_loss", loss);
+      nlohmann::json versions = nlohmann::json::array();
+      uint64_t total_version = 0;
+      for (const auto& f : fragments_) {
+        versions.push_back(f.version);
+        total_version += f.version;
+      }
+      log({{"event", "global_eval"}, {"eval_loss", loss}, {"versions", versions}, {"version_sum", total_version}});
+      std::cerr << "eval: global held-out loss " << loss << " at versions " << versions.dump() << "\n";
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  return 0;
+}
+
+int Learner::run() {
+  set_torch_threads(1);
+  retain_freed_memory();
+  if (!o_.run_dir.empty()) {
+    std::filesystem::create_directories(o_.run_dir);
+    log_ = std::make_unique<JsonLines>(o_.run_dir + "/metrics.jsonl");
+  }
+  endpoint_ = std::make_unique<MetricsEndpoint>(metrics_, o_.metrics_port);
+  const auto& config = o_.config;
+  log({{"event", "start"}, {"mode", learner_mode_name(o_.mode)}, {"region", o_.region}, {"config", config.source},
+       {"parameters", setup_.model.num_parameters()}, {"fragments", setup_.layout.num_fragments()},
+       {"fingerprint", setup_.layout.fingerprint}});
+
+  RunTopics topics{config.run.id};
+  int partitions = 1;
+  if (networked()) {
+    wait_for_broker(o_.kafka);
+    {
+      ConsumerOptions probe_options{.kafka = o_.kafka};
+      Consumer probe(probe_options);
+      partitions = probe.partition_count(topics.deltas(o_.region), 10000);
+    }
+    load_global_state();
+    ProducerOptions producer{.kafka = o_.kafka, .delivery_timeout_ms = 0};
+    producer.kafka.client_id = o_.learner_id;
+    publisher_ = std::make_unique<DeltaPublisher>(
+        DeltaPublisherOptions{.producer = producer, .topics = topics, .partitions = partitions}, metrics_);
+    inbox_ = std::make_unique<ParamInbox>(
+        ParamInboxOptions{.kafka = o_.kafka, .topics = topics, .limits = limits(), .endpoints = o_.merger_endpoints},
+        metrics_);
+  } else {
+    load_global_state();
+  }
+
+  int exit_code = 0;
+  if (o_.mode == LearnerMode::EvalOnly) {
+    exit_code = eval_only_loop();
+  } else {
+    const auto& train = config.train;
+    Corpus corpus = load_corpus(config.data.path);
+    ShardSpec shard{.learner = o_.index, .num_learners = o_.learners, .region = region_index(o_),
+                    .num_regions = static_cast<uint32_t>(o_.regions.size())};
+    BatchStream batches = training_batches(corpus, config.data, shard, train.batch, config.model.context, config.run.seed);
+    BatchStream heldout = heldout_batches(corpus, config.data, train.batch, config.model.context);
+    InnerOptimizer optimizer(setup_.model.parameters(), inner_optimizer_options(train));
+    StreamingSchedule schedule{.sync_interval = config.diloco.H, .num_fragments = config.diloco.fragments,
+                               .offset = stagger_offset(o_.index, o_.learners, config.diloco.H)};
+    const uint64_t tokens_per_step = static_cast<uint64_t>(train.batch * config.model.context);
+    double loss_ema = 0;
+    uint64_t step = 0;
+    while (!stop_ && !out_of_budget(step)) {
+      auto t0 = Clock::now();
+      Batch b = batches.next();
+      torch::Tensor loss = setup_.model.loss(b.input, b.target);
+      loss.backward();
+      optimizer.step(static_cast<int64_t>(step));
+      optimizer.zero_grad();
+      float loss_value = loss.item<float>();
+      ++step;
+      total_tokens_ += tokens_per_step;
+      for (auto& f : fragments_) {
+        ++f.steps;
+        f.tokens += tokens_per_step;
+      }
+      if (o_.mode == LearnerMode::Train) {
+        if (auto due = fragment_due(schedule, step)) publish_delta(*due, step, loss_value);
+      }
+      adopt_received();
+      double compute = seconds_since(t0);
+      if (o_.speed_factor > 1.0)
+        std::this_thread::sleep_for(std::chrono::duration<double>(compute * (o_.speed_factor - 1.0)));
+      double step_time = seconds_since(t0);
+      step_time_ema_ = step_time_ema_ == 0 ? step_time : 0.9 * step_time_ema_ + 0.1 * step_time;
+      tokens_per_s_ = static_cast<double>(tokens_per_step) / step_time_ema_;
+      loss_ema = loss_ema == 0 ? loss_value : 0.95 * loss_ema + 0.05 * loss_value;
+      metrics_.set("step", static_cast<double>(step));
+      metrics_.set("step_time_seconds", step_time_ema_);
+      metrics_.set("tokens_per_second", tokens_per_s_);
+      metrics_.set("train_loss", loss_value);
+      metrics_.add("tokens_total", static_cast<double>(tokens_per_step));
+      heartbeat(step, loss_value);
+      if (o_.log_every > 0 && step % static_cast<uint64_t>(o_.log_every) == 0) {
+        nlohmann::json record{{"event", "step"},          {"step", step},
+                              {"loss", loss_value},       {"loss_ema", loss_ema},
+                              {"step_time", step_time_ema_}, {"tokens", total_tokens_},
+                              {"tokens_per_s", tokens_per_s_}, {"adopted", adopted_},
+                              {"max_rss_kb", max_rss_kb()}};
+        if (publisher_) {
+          auto s = publisher_->stats();
+          record["deltas_delivered"] = s.delivered;
+          record["deltas_superseded"] = s.superseded;
+          record["deltas_in_flight"] = s.in_flight;
+          record["deltas_waiting"] = s.waiting;
+          record["bytes_sent"] = s.bytes_delivered;
+        }
+        if (inbox_) {
+          record["params_received"] = inbox_->received();
+          record["params_rejected"] = inbox_->rejected();
+        }
+        nlohmann::json versions = nlohmann::json::array();
+        for (const auto& f : fragments_) versions.push_back(f.version);
+        record["versions"] = versions;
+        log(record);
+      }
+      if (train.eval_every > 0 && step % static_cast<uint64_t>(train.eval_every) == 0) {
+        double eval = heldout_loss(setup_.model, heldout, train.eval_batches);
+        metrics_.set("eval_loss", eval);
+        log({{"event", "eval"}, {"step", step}, {"eval_loss", eval}, {"tokens", total_tokens_}});
+        std::cerr << "learner " << o_.learner_id << ": step " << step << " loss " << loss_ema << " held-out " << eval
+                  << " (" << static_cast<int>(tokens_per_s_) << " tokens/s)\n";
+      }
+    }
+    log({{"event", "stop"}, {"step", step}, {"tokens", total_tokens_}, {"reason", stop_ ? "signal" : "budget"}});
+  }
+
+  if (publisher_) {
+    heartbeat(0, 0);
+    auto undelivered = publisher_->close(o_.shutdown_flush);
+    auto s = publisher_->stats();
+    std::cerr << "learner " << o_.learner_id << ": " << s.delivered << " deltas delivered, " << s.superseded
+              << " superseded, " << undelivered.size() << " not delivered";
+    for (auto [p, seq] : undelivered) std::cerr << " (fragment " << p << " seq " << seq << ")";
+    std::cerr << "\n";
+    nlohmann::json lost = nlohmann::json::array();
+    for (auto [p, seq] : undelivered) lost.push_back({{"fragment", p}, {"seq", seq}});
+    log({{"event", "shutdown"}, {"delivered", s.delivered}, {"superseded", s.superseded}, {"undelivered", lost}});
+  }
+  return exit_code;
+}
+
+}  // namespace
+
+const char* learner_mode_name(LearnerMode mode) {
+  switch (mode) {
+    case LearnerMode::Train: return "train";
+    case LearnerMode::NoPublish: return "no-publish";
+    case LearnerMode::Standalone: return "standalone";
+    case LearnerMode::EvalOnly: return "eval-only";
+  }
+  return "?";
+}
+
+int run_learner(const LearnerOptions& options, const std::atomic<bool>& stop) {
+  Learner learner(options, stop);
+  return learner.run();
+}
+
+}  // namespace diloco
