@@ -52,7 +52,7 @@ struct FragmentTrack {
   uint64_t version = 0;
   std::vector<DenseTensor> anchor;       // global params of `version`: deltas are measured from here
   std::vector<ErrorFeedback> feedback;   // per tensor: what quantization has not sent yet
-  uint64_t seq = 0;                      // deltas sent for this fragment
+  uint64_t seq = 0;                      // seq of the last delta sent for this fragment
   uint32_t steps = 0;                    // inner steps since `version` was adopted
   uint64_t tokens = 0;
   uint64_t adopted_checksum = 0;
@@ -190,7 +190,10 @@ void Learner::publish_delta(uint32_t p, uint64_t step, float loss) {
   h.learner_id = o_.learner_id;
   h.region = o_.region;
   h.fragment = p;
-  h.seq = ++f.seq;
+  // Wall-clock milliseconds as a floor keep seqs increasing across restarts of this learner id,
+  // so a merger never mistakes a new delta for a re-read old one.
+  f.seq = std::max<uint64_t>(f.seq + 1, static_cast<uint64_t>(unix_us() / 1000));
+  h.seq = f.seq;
   h.base_version = f.version;
   h.inner_steps = f.steps;
   h.tokens = f.tokens;

@@ -197,12 +197,17 @@ std::vector<uint8_t> encode_fragment_state(const FragmentState& msg, int zstd_le
   for (const auto& p : msg.consumed) consumed.push_back(add_position(fbb, p));
   const auto consumed_vector = fbb.CreateVector(consumed);
   const auto last_merge = msg.last_merge ? add_position(fbb, *msg.last_merge) : 0;
+  std::vector<flatbuffers::Offset<wire::LearnerSeq>> accounted;
+  accounted.reserve(msg.accounted.size());
+  for (const auto& [learner, seq] : msg.accounted)
+    accounted.push_back(wire::CreateLearnerSeq(fbb, fbb.CreateString(learner), seq));
+  const auto accounted_vector = fbb.CreateVector(accounted);
   const auto run_id = fbb.CreateString(msg.run_id);
   const uint64_t checksum = msg.checksum ? msg.checksum : checksum_fp32(msg.params);
   const auto root =
       wire::CreateFragmentState(fbb, kSchemaVersion, run_id, msg.fingerprint, msg.fragment,
                                 msg.version, params, momentum, consumed_vector, last_merge,
-                                checksum);
+                                checksum, accounted_vector);
   wire::FinishFragmentStateBuffer(fbb, root);
   return compress_finished(fbb, zstd_level);
 }
@@ -222,6 +227,14 @@ FragmentState decode_fragment_state(std::span<const uint8_t> bytes, const Decode
   if (m.consumed())
     for (const auto* p : *m.consumed()) out.consumed.push_back(read_position(p, "consumed"));
   if (m.last_merge()) out.last_merge = read_position(m.last_merge(), "last_merge");
+  if (m.accounted()) {
+    for (const auto* a : *m.accounted()) {
+      if (!a->learner_id() || a->learner_id()->size() == 0)
+        throw Rejection(RejectReason::MissingField, "FragmentState.accounted: learner id missing");
+      check_counter(a->seq(), "accounted seq");
+      out.accounted[a->learner_id()->str()] = a->seq();
+    }
+  }
   decode_tensors(m.params(), specs, kStateCodec, "params", out.params);
   // No momentum (an optimizer without one) is an empty list; otherwise it mirrors params.
   if (m.momentum() && m.momentum()->size() != 0)

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <span>
 #include <string>
@@ -166,6 +167,8 @@ struct FragmentState {
   std::vector<LogPosition> consumed;
   std::optional<LogPosition> last_merge;
   uint64_t checksum = 0;  // checksum_fp32 of params; filled in by the encoder when 0
+  // learner id -> newest delta seq accounted for by a committed merge record (merged or dropped).
+  std::map<std::string, uint64_t> accounted;
 };
 
 std::vector<uint8_t> encode_fragment_state(const FragmentState& msg, int zstd_level = 1);

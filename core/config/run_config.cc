@@ -187,9 +187,31 @@ struct SectionParser {
   void (*parse)(const Section&, RunConfig&);
 };
 
+void parse_merger(const Section& s, RunConfig& c) {
+  for (auto&& [key, node] : s.table) {
+    const Field f = s.field(key, node);
+    auto& m = c.merger;
+    if (key == "quorum") read(f, m.quorum);
+    else if (key == "grace_gamma") read(f, m.grace_gamma);
+    else if (key == "grace_tau") read(f, m.grace_tau);
+    else if (key == "grace_cap_steps") read(f, m.grace_cap_steps);
+    else if (key == "grace_cap_seconds") read(f, m.grace_cap_seconds);
+    else if (key == "staleness_alpha") read(f, m.staleness_alpha);
+    else if (key == "max_staleness") read(f, m.max_staleness);
+    else if (key == "outer_lr") read(f, m.outer_lr);
+    else if (key == "outer_momentum") read(f, m.outer_momentum);
+    else if (key == "rule") read(f, m.rule);
+    else if (key == "optimizer") read(f, m.optimizer);
+    else if (key == "checkpoint_every") read(f, m.checkpoint_every);
+    else if (key == "liveness_seconds") read(f, m.liveness_seconds);
+    else if (key == "republish_seconds") read(f, m.republish_seconds);
+    else unknown_key(f);
+  }
+}
+
 constexpr SectionParser kSections[] = {
     {"run", parse_run},       {"model", parse_model}, {"train", parse_train},
-    {"diloco", parse_diloco}, {"codec", parse_codec}, {"data", parse_data},
+    {"diloco", parse_diloco}, {"codec", parse_codec}, {"data", parse_data}, {"merger", parse_merger},
 };
 
 void apply_table(const toml::table& root, const Origin& origin, RunConfig& config) {
@@ -327,6 +349,21 @@ void validate_run_config(const RunConfig& c) {
   check(c.codec.block_size >= 1, c, "codec.block_size must be at least 1");
   check(c.codec.zstd_level >= 1 && c.codec.zstd_level <= 22, c,
         "codec.zstd_level must be between 1 and 22");
+
+  const auto& m = c.merger;
+  check(m.quorum >= 1, c, "merger.quorum must be at least 1");
+  check(m.grace_gamma >= 0 && m.grace_tau >= 0 && m.grace_cap_steps >= 0 && m.grace_cap_seconds >= 0, c,
+        "merger.grace_gamma, grace_tau, grace_cap_steps and grace_cap_seconds must not be negative");
+  check(m.staleness_alpha >= 0, c, "merger.staleness_alpha must not be negative");
+  check(m.max_staleness >= -1, c, "merger.max_staleness must be -1 (no limit) or at least 0");
+  check(m.outer_lr > 0, c, "merger.outer_lr must be positive");
+  check(m.outer_momentum >= 0 && m.outer_momentum < 1, c, "merger.outer_momentum must be in [0, 1)");
+  check(m.rule == "rda" || m.rule == "avg", c, "merger.rule must be \"rda\" or \"avg\", not \"" + m.rule + "\"");
+  check(m.optimizer == "nesterov" || m.optimizer == "sgd", c,
+        "merger.optimizer must be \"nesterov\" or \"sgd\", not \"" + m.optimizer + "\"");
+  check(m.checkpoint_every >= 1, c, "merger.checkpoint_every must be at least 1");
+  check(m.liveness_seconds > 0, c, "merger.liveness_seconds must be positive");
+  check(m.republish_seconds > 0, c, "merger.republish_seconds must be positive");
 
   check(!c.data.path.empty(), c, "data.path must not be empty");
   check(c.data.heldout_fraction > 0 && c.data.heldout_fraction <= 0.5, c,

@@ -69,6 +69,24 @@ struct DataConfig {
   double heldout_fraction = 0.05;     // share of chapters held out for evaluation
 };
 
+// The merger's policy (ARCHITECTURE.md section 6); the paper's defaults.
+struct MergerConfig {
+  uint32_t quorum = 1;               // K: distinct learners needed before a fragment may merge
+  double grace_gamma = 0.5;          // share of the overlap slack spent waiting for more learners
+  double grace_tau = 2;              // overlap in inner steps
+  double grace_cap_steps = 1;        // grace never exceeds this many learner step times
+  double grace_cap_seconds = 30;     // nor this many seconds
+  double staleness_alpha = 0;        // weight factor (1 + staleness)^-alpha; 0 is the paper
+  int64_t max_staleness = -1;        // drop deltas staler than this; -1: no limit
+  double outer_lr = 0.7;
+  double outer_momentum = 0.9;
+  std::string rule = "rda";          // rda (radial-directional) | avg (weighted average)
+  std::string optimizer = "nesterov";  // nesterov | sgd
+  uint32_t checkpoint_every = 10;    // write a FragmentState every this many versions
+  double liveness_seconds = 15;      // a learner is live if it sent a heartbeat this recently
+  double republish_seconds = 5;      // re-broadcast the latest version of every owned fragment
+};
+
 struct RunConfig {
   std::string source = "defaults";  // the file (and overrides) it came from, for error messages
   RunSection run;
@@ -77,6 +95,7 @@ struct RunConfig {
   DilocoConfig diloco;
   CodecConfig codec;
   DataConfig data;
+  MergerConfig merger;
 };
 
 // Parses the file, applies the overrides in order, then validates. Throws IoError if the file

@@ -362,6 +362,7 @@ TEST_CASE("FragmentState round trip", "[codec][messages]") {
   msg.params = dense_fragment(layout, 1, 31);
   msg.momentum = dense_fragment(layout, 1, 32);
   msg.consumed = {{"diloco.run-1.deltas.eu", 0, 120}, {"diloco.run-1.deltas.us", 3, 77}};
+  msg.accounted = {{"learner-a", 12}, {"learner-b", 1796000000000}};
   const bool with_last_merge = GENERATE(false, true);
   if (with_last_merge) msg.last_merge = LogPosition{"diloco.run-1.merges", 0, 8};
   const FragmentState got =
@@ -377,6 +378,7 @@ TEST_CASE("FragmentState round trip", "[codec][messages]") {
   REQUIRE(got.momentum.size() == 1);
   CHECK(got.momentum[0].values == msg.momentum[0].values);
   CHECK(got.consumed == msg.consumed);
+  CHECK(got.accounted == msg.accounted);
   CHECK(got.last_merge == msg.last_merge);
 
   SECTION("without momentum") {

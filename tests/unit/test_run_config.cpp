@@ -183,3 +183,23 @@ TEST_CASE("the shipped configs load and validate", "[config]") {
     CHECK_NOTHROW(load_run_config(path));
   }
 }
+
+TEST_CASE("the merger section: paper defaults, overrides and range checks", "[config]") {
+  RunConfig c = parse_run_config("", "empty");
+  CHECK(c.merger.quorum == 1);
+  CHECK(c.merger.outer_lr == Approx(0.7));
+  CHECK(c.merger.outer_momentum == Approx(0.9));
+  CHECK(c.merger.rule == "rda");
+  CHECK(c.merger.max_staleness == -1);
+  apply_override(c, "merger.quorum=3");
+  apply_override(c, "merger.rule=avg");
+  CHECK(c.merger.quorum == 3);
+  CHECK(c.merger.rule == "avg");
+  validate_run_config(c);
+  apply_override(c, "merger.rule=median");
+  CHECK_THROWS_WITH(validate_run_config(c), Catch::Contains("merger.rule must be \"rda\" or \"avg\""));
+  RunConfig d = parse_run_config("", "empty");
+  apply_override(d, "merger.outer_momentum=1.0");
+  CHECK_THROWS_WITH(validate_run_config(d), Catch::Contains("merger.outer_momentum must be in [0, 1)"));
+  CHECK_THROWS_WITH(parse_run_config("[merger]\nquorom = 2\n", "m.toml"), Catch::Contains("merger.quorom"));
+}

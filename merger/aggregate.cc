@@ -1,0 +1,112 @@
+#include "merger/aggregate.h"
+
+#include <cmath>
+
+#include "core/errors.h"
+
+namespace diloco {
+
+namespace {
+
+// Norms below this are zero up to fp32 underflow; dividing by them would overflow the coefficient.
+constexpr double kNoDirection = 1e-30;
+// Directions whose weighted sum is shorter than this fraction of their weight have cancelled.
+constexpr double kCancelled = 1e-5;
+
+// out = sum_i coefficients[i] * deltas[i], one fp32 multiply-add per input and element, inputs
+// in order: a plain contiguous loop per input.
+void weighted_sum(std::span<const std::span<const float>> deltas,
+                  std::span<const float> coefficients, std::span<float> out) {
+  float* o = out.data();
+  const size_t n = out.size();
+  {
+    const float* x = deltas[0].data();
+    const float c = coefficients[0];
+    for (size_t k = 0; k < n; ++k) o[k] = c * x[k];
+  }
+  for (size_t i = 1; i < deltas.size(); ++i) {
+    const float* x = deltas[i].data();
+    const float c = coefficients[i];
+    for (size_t k = 0; k < n; ++k) o[k] += c * x[k];
+  }
+}
+
+void weighted_average(std::span<const std::span<const float>> deltas,
+                      std::span<const double> weights, std::span<float> out) {
+  std::vector<float> coefficients(weights.begin(), weights.end());
+  weighted_sum(deltas, coefficients, out);
+}
+
+}  // namespace
+
+bool is_embedding(std::string_view tensor_name) { return tensor_name.ends_with("embedding"); }
+
+MergeRule tensor_rule(MergeRule rule, std::string_view tensor_name) {
+  return is_embedding(tensor_name) ? MergeRule::WeightedAverage : rule;
+}
+
+std::vector<double> normalised_weights(std::span<const double> raw) {
+  if (raw.empty()) throw InvalidInput("a merge needs at least one delta");
+  double total = 0;
+  for (size_t i = 0; i < raw.size(); ++i) {
+    if (!std::isfinite(raw[i]) || raw[i] < 0)
+      throw InvalidInput(detail::concat("weight ", raw[i], " of delta ", i,
+                                        " is negative or not finite"));
+    total += raw[i];
+  }
+  if (!(total > 0) || !std::isfinite(total))
+    throw InvalidInput(detail::concat("the ", raw.size(), " delta weights sum to ", total,
+                                      ": no delta counts"));
+  std::vector<double> out(raw.size());
+  for (size_t i = 0; i < raw.size(); ++i) out[i] = raw[i] / total;
+  return out;
+}
+
+double l2_norm(std::span<const float> x) {
+  // Independent lanes let the compiler vectorize without reordering any single sum.
+  constexpr size_t kLanes = 8;
+  double lanes[kLanes] = {};
+  const float* p = x.data();
+  const size_t n = x.size();
+  size_t k = 0;
+  for (; k + kLanes <= n; k += kLanes)
+    for (size_t j = 0; j < kLanes; ++j) lanes[j] += static_cast<double>(p[k + j]) * p[k + j];
+  for (; k < n; ++k) lanes[0] += static_cast<double>(p[k]) * p[k];
+  double sum = 0;
+  for (double lane : lanes) sum += lane;
+  return std::sqrt(sum);
+}
+
+void aggregate_tensor(MergeRule rule, std::span<const std::span<const float>> deltas,
+                      std::span<const double> weights, std::span<float> out) {
+  DILOCO_ENFORCE(!deltas.empty(), "nothing to aggregate");
+  DILOCO_ENFORCE_EQ(deltas.size(), weights.size());
+  for (const auto& d : deltas) DILOCO_ENFORCE_EQ(d.size(), out.size());
+
+  if (rule == MergeRule::WeightedAverage) return weighted_average(deltas, weights, out);
+  DILOCO_ENFORCE(rule == MergeRule::RadialDirectional, "unknown merge rule ",
+                 static_cast<int>(rule));
+
+  double mean_norm = 0;      // sum_i w_i ||d_i||
+  double directed_weight = 0;  // sum of the weights of deltas that have a direction
+  size_t directed = 0;
+  std::vector<float> coefficients(deltas.size(), 0.0f);
+  for (size_t i = 0; i < deltas.size(); ++i) {
+    const double norm = l2_norm(deltas[i]);
+    mean_norm += weights[i] * norm;
+    if (norm <= kNoDirection || weights[i] == 0) continue;
+    coefficients[i] = static_cast<float>(weights[i] / norm);
+    directed_weight += weights[i];
+    ++directed;
+  }
+  if (directed <= 1) return weighted_average(deltas, weights, out);
+
+  weighted_sum(deltas, coefficients, out);
+  const double direction_norm = l2_norm(out);
+  if (direction_norm <= kCancelled * directed_weight)
+    return weighted_average(deltas, weights, out);
+  const float scale = static_cast<float>(mean_norm / direction_norm);
+  for (float& v : out) v *= scale;
+}
+
+}  // namespace diloco

@@ -1,0 +1,46 @@
+// Aggregation of the outer gradients of one tensor into one update, per merge rule:
+//   WeightedAverage:   sum_i w_i d_i
+//   RadialDirectional: (sum_i w_i ||d_i||) * normalize(sum_i w_i d_i / ||d_i||)
+// RDA (Decoupled DiLoCo) keeps the length of the merged step at the weighted mean of the learners'
+// step lengths, where plain averaging shrinks it as learners disagree in direction. Embeddings are
+// always averaged plainly: most of their rows see few tokens per learner, so the rows' lengths say
+// more about which tokens a learner saw than about how far it moved.
+//
+// Determinism: deltas are combined in the order given, element by element in fp32 (the parameters'
+// precision), and norms are summed in double over a fixed number of lanes in a fixed order; no
+// threads. The same inputs give the same bits on the same build.
+#pragma once
+
+#include <span>
+#include <string_view>
+#include <vector>
+
+#include "core/codec/messages.h"
+
+namespace diloco {
+
+// Tensors named "...embedding" ("token_embedding", "position_embedding").
+bool is_embedding(std::string_view tensor_name);
+
+// The rule actually applied to a tensor: `rule`, except WeightedAverage for embeddings.
+MergeRule tensor_rule(MergeRule rule, std::string_view tensor_name);
+
+// Raw weights scaled to sum 1, summed in the order given. Throws InvalidInput if `raw` is empty,
+// holds a negative or non-finite weight, or sums to 0 (or overflows): a merge needs at least one
+// delta that counts.
+std::vector<double> normalised_weights(std::span<const double> raw);
+
+// Euclidean norm of `x`, accumulated in double (fixed order, see above).
+double l2_norm(std::span<const float> x);
+
+// Writes the aggregate of `deltas` (one tensor of each input, in merge order, all of out's size)
+// with normalised `weights` (one per delta) into `out`. RDA details: a delta of (near) zero norm
+// has no direction and only adds its (zero) length; with at most one delta that has a direction
+// RDA equals the weighted average and is computed as such; when the directions cancel (their
+// weighted sum is shorter than 1e-5 of their total weight, e.g. two opposite deltas) RDA falls
+// back to the weighted average, since rescaling a near-zero sum would blow up rounding noise.
+// Throws InternalError on mismatched sizes or an empty input list.
+void aggregate_tensor(MergeRule rule, std::span<const std::span<const float>> deltas,
+                      std::span<const double> weights, std::span<float> out);
+
+}  // namespace diloco

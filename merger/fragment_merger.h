@@ -1,0 +1,138 @@
+// The merger's state machine for one owned fragment (ARCHITECTURE.md section 6):
+//
+//   COLLECTING --(pending deltas from >= K distinct learners: poll)--> GRACE
+//   GRACE --(grace deadline passed, or every live learner has a delta pending: poll)--> MERGING
+//   MERGING --(take_merge_inputs, merge_step, commit; then merge_committed)--> PUBLISH
+//   PUBLISH --(FragmentParams sent; then published)--> COLLECTING (a new round)
+//   any state --(stop)--> STOPPED
+//
+// Pure bookkeeping: no I/O, no clock (every time is seconds passed in by the caller, from one
+// monotonic clock), no threads; the caller serialises calls. A call that does not fit the
+// current state is a bug in the caller and throws InternalError.
+//
+// Pending set rules (offer), checked in this order:
+//   - base_version > current version                       -> Invalid ("base from the future")
+//   - base_version <= a base already merged from the learner -> Superseded ("base already merged
+//     from this learner": a learner's deltas accumulate from its anchor until it adopts a new
+//     version, so merging it again would count that progress twice)
+//   - staleness > max_staleness                             -> TooStale
+//   - weight 0 (e.g. a staleness discount that underflows)  -> Invalid
+//   - at most one pending delta per learner: of two, the higher seq stays and the other is
+//     Superseded. On the same base the newer one contains the older one's progress; on a newer
+//     base (the older delta missed its merge and the learner adopted a newer version since) the
+//     older one's progress is given up for the one-delta-per-learner rule.
+// Deltas may be offered in any state but STOPPED; those arriving while a merge is under way wait
+// for the next round and are checked again against the new version when it is committed.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "core/codec/messages.h"
+#include "merger/grace_window.h"
+#include "merger/merge_step.h"
+
+namespace diloco {
+
+enum class MergerState : uint8_t { Collecting, Grace, Merging, Publish, Stopped };
+const char* merger_state_name(MergerState);
+
+// The DeltaRef of a decoded delta read at `position` (staleness and weight are filled in later).
+DeltaRef delta_ref(const DeltaHeader& header, const LogPosition& position);
+
+// What take_merge_inputs hands to merge_step and to the MergeRecord. It owns the inputs'
+// tensors, so it is move-only: a copy would view the original's tensors.
+struct MergePlan {
+  MergePlan() = default;
+  MergePlan(MergePlan&&) = default;
+  MergePlan& operator=(MergePlan&&) = default;
+
+  uint64_t version = 0;             // the version merged onto (the record's prev_version)
+  std::vector<MergeInput> inputs;   // sorted by (topic, partition, offset); staleness and raw
+                                    // weight filled in; tensors view `tensors`
+  std::vector<DroppedDelta> dropped;  // every drop since the previous plan: the record's list
+  std::vector<std::vector<DenseTensor>> tensors;  // inputs[i].tensors views tensors[i]
+};
+
+class FragmentMerger {
+ public:
+  // A fragment at `version` (genesis, a checkpoint, or the end of a recovery), collecting from
+  // `now`. Uses hyper.quorum, max_staleness and staleness_alpha (InvalidInput if invalid).
+  FragmentMerger(uint32_t fragment, uint64_t version, const OuterHyper& hyper, double now);
+
+  // Offers a decoded delta. Returns the delta dropped because of it, if any: the offered one or
+  // the pending one it replaced. Drops are also kept for the next MergePlan.
+  std::optional<DroppedDelta> offer(DeltaRef delta, std::vector<DenseTensor> tensors,
+                                    double now);
+
+  // Advances COLLECTING -> GRACE -> MERGING as due and returns whether take_merge_inputs() is
+  // allowed now (true in MERGING until the inputs are taken). `live_learners` is the set the
+  // caller currently believes alive; "every live learner has a delta pending" ends the grace
+  // early only when that set is not empty. The grace is computed once, on entering GRACE, from
+  // `grace` and the time the quorum took since the round started.
+  bool poll(double now, std::span<const std::string> live_learners, const GraceWindow& grace);
+
+  // MERGING only, once per round: the pending deltas become this merge's inputs.
+  MergePlan take_merge_inputs(double now);
+
+  // MERGING, after take_merge_inputs and after the MergeRecord and state are durable:
+  // `new_version` must be version() + 1. Moves to PUBLISH. Pending deltas that arrived meanwhile
+  // are checked against the new version; returns those dropped now (also kept for the next plan).
+  std::vector<DroppedDelta> merge_committed(uint64_t new_version);
+
+  // PUBLISH only, once the new version is sent: starts the next round at `now` and returns how
+  // long the merge took since take_merge_inputs (feed it to GraceWindow::observe_sync_time).
+  double published(double now);
+
+  // A clean stop: returns every delta this merger holds that no committed MergeRecord accounts
+  // for: drops not yet in a plan, then pending (and taken but uncommitted) deltas as
+  // PendingAtStop. Moves to STOPPED, after which every call throws. In MERGING after
+  // take_merge_inputs, the plan's own `dropped` list stays the caller's to record.
+  std::vector<DroppedDelta> stop();
+
+  // Recovery: accounts for a logged merge of this fragment (record.prev_version == version(),
+  // COLLECTING with nothing pending) as if this merger had made it, so that the learners'
+  // merged bases are known. The parameters are rebuilt separately with merge_step.
+  void replayed(const MergeRecord& record);
+
+  MergerState state() const { return state_; }
+  uint32_t fragment() const { return fragment_; }
+  uint64_t version() const { return version_; }
+  // When the grace window ends (GRACE only): how long the caller may sleep.
+  std::optional<double> grace_deadline() const;
+  size_t pending_learners() const { return pending_.size(); }
+  // Positions of the held deltas the next committed MergeRecord must account for (pending, and
+  // dropped since the last plan). A consumer offset committed with a merge must not pass the
+  // lowest of these in its partition, or a crash would lose them.
+  std::vector<LogPosition> uncommitted_positions() const;
+
+ private:
+  struct HeldDelta {
+    DeltaRef ref;
+    std::vector<DenseTensor> tensors;
+  };
+
+  // The reason `ref` cannot be pending at the current version (weighs it as a side effect).
+  std::optional<DroppedDelta> check(DeltaRef& ref) const;
+  DroppedDelta record_drop(DroppedDelta dropped);  // keeps it for the next plan
+  void expect(MergerState state, const char* call) const;
+
+  uint32_t fragment_;
+  uint64_t version_;
+  OuterHyper hyper_;
+  MergerState state_ = MergerState::Collecting;
+  std::map<std::string, HeldDelta> pending_;     // by learner id
+  std::vector<DeltaRef> taken_;                  // the current merge's inputs, in merge order
+  std::vector<DroppedDelta> dropped_;            // since the last plan
+  std::map<std::string, uint64_t> merged_base_;  // learner id -> newest base merged from it
+  double round_start_;
+  std::optional<double> quorum_at_;  // when the current round had K learners pending
+  std::optional<double> deadline_;   // GRACE: end of the grace window
+  double merge_started_ = 0;
+};
+
+}  // namespace diloco

@@ -1,0 +1,110 @@
+#include "merger/merge_step.h"
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "core/errors.h"
+#include "merger/aggregate.h"
+#include "merger/outer_optimizer.h"
+
+namespace diloco {
+
+namespace {
+
+void check_tensors(std::span<const DenseTensor> tensors, std::span<const TensorSpec> layout,
+                   const std::string& what) {
+  if (tensors.size() != layout.size())
+    throw InvalidInput(detail::concat(what, " has ", tensors.size(), " tensors, the layout ",
+                                      layout.size()));
+  for (size_t t = 0; t < layout.size(); ++t) {
+    const int64_t numel = layout[t].numel();
+    if (tensors[t].shape != layout[t].shape ||
+        tensors[t].values.size() != static_cast<size_t>(numel))
+      throw InvalidInput(detail::concat(what, " tensor ", t, " (", layout[t].name, ") has ",
+                                        tensors[t].values.size(), " values, the layout ", numel,
+                                        " (or a different shape)"));
+  }
+}
+
+// Copies src into dst, reusing dst's memory.
+void copy_tensors(const std::vector<DenseTensor>& src, std::vector<DenseTensor>& dst) {
+  dst.resize(src.size());
+  for (size_t t = 0; t < src.size(); ++t) {
+    dst[t].index = src[t].index;
+    dst[t].shape = src[t].shape;
+    dst[t].values.assign(src[t].values.begin(), src[t].values.end());
+  }
+}
+
+}  // namespace
+
+void validate_outer_hyper(const OuterHyper& h) {
+  if (!(std::isfinite(h.lr) && h.lr > 0))
+    throw InvalidInput(detail::concat("outer lr ", h.lr, " is not a positive number"));
+  if (!(h.momentum >= 0 && h.momentum < 1))
+    throw InvalidInput(detail::concat("outer momentum ", h.momentum, " is not in [0, 1)"));
+  if (!(std::isfinite(h.staleness_alpha) && h.staleness_alpha >= 0))
+    throw InvalidInput(detail::concat("staleness_alpha ", h.staleness_alpha, " is not >= 0"));
+  if (h.quorum < 1) throw InvalidInput("quorum 0: a merge needs at least one learner");
+}
+
+MergeRecord merge_step(const FragmentState& current, std::span<const MergeInput> inputs,
+                       const MergeOptions& options, FragmentState& next) {
+  DILOCO_ENFORCE(&current != &next, "merge_step cannot write the state it reads");
+  validate_outer_hyper(options.hyper);
+  const auto layout = options.tensors;
+  check_tensors(current.params, layout, "state params");
+  check_tensors(current.momentum, layout, "state momentum");
+
+  std::vector<double> raw(inputs.size());
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const DeltaRef& ref = inputs[i].ref;
+    const std::string what = detail::concat("delta of ", ref.learner_id, " seq ", ref.seq);
+    if (ref.base_version > current.version || ref.staleness != current.version - ref.base_version)
+      throw InvalidInput(detail::concat(what, ": base version ", ref.base_version, " staleness ",
+                                        ref.staleness, " does not fit version ",
+                                        current.version));
+    check_tensors(inputs[i].tensors, layout, what);
+    raw[i] = ref.weight;
+  }
+  const std::vector<double> weights = normalised_weights(raw);
+
+  next.run_id = current.run_id;
+  next.fingerprint = current.fingerprint;
+  next.fragment = current.fragment;
+  next.version = current.version + 1;
+  copy_tensors(current.params, next.params);
+  copy_tensors(current.momentum, next.momentum);
+  next.consumed = current.consumed;
+  next.last_merge = current.last_merge;
+
+  size_t largest = 0;
+  for (const auto& spec : layout) largest = std::max(largest, static_cast<size_t>(spec.numel()));
+  std::vector<float> update(largest);
+  std::vector<std::span<const float>> deltas(inputs.size());
+  for (size_t t = 0; t < layout.size(); ++t) {
+    for (size_t i = 0; i < inputs.size(); ++i) deltas[i] = inputs[i].tensors[t].values;
+    const std::span<float> out(update.data(), next.params[t].values.size());
+    aggregate_tensor(tensor_rule(options.rule, layout[t].name), deltas, weights, out);
+    outer_step(options.optimizer, options.hyper.lr, options.hyper.momentum,
+               next.params[t].values, next.momentum[t].values, out);
+  }
+  next.checksum = checksum_fp32(next.params);
+
+  MergeRecord record;
+  record.run_id = current.run_id;
+  record.fingerprint = current.fingerprint;
+  record.fragment = current.fragment;
+  record.version = next.version;
+  record.prev_version = current.version;
+  record.inputs.reserve(inputs.size());
+  for (const auto& input : inputs) record.inputs.push_back(input.ref);
+  record.rule = options.rule;
+  record.optimizer = options.optimizer;
+  record.hyper = options.hyper;
+  record.checksum = next.checksum;
+  return record;
+}
+
+}  // namespace diloco

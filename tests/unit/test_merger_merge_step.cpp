@@ -1,0 +1,332 @@
+// merge_step, the one function behind live merging, recovery and replay: its result against an
+// independent computation, bit-identical repeats, the MergeRecord it fills, and its refusals.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "core/errors.h"
+#include "merger/merge_step.h"
+#include "merger/outer_optimizer.h"
+
+using namespace diloco;
+
+namespace {
+
+// One RDA tensor and one (always averaged) embedding.
+const std::vector<TensorSpec> kLayout{{"blocks.0.w", {2, 3}}, {"token_embedding", {2, 2}}};
+
+std::vector<DenseTensor> random_tensors(std::mt19937& rng, float scale) {
+  std::normal_distribution<float> dist(0.0f, scale);
+  std::vector<DenseTensor> out;
+  for (uint32_t t = 0; t < kLayout.size(); ++t) {
+    DenseTensor tensor{t, kLayout[t].shape, std::vector<float>(kLayout[t].numel())};
+    for (auto& v : tensor.values) v = dist(rng);
+    out.push_back(std::move(tensor));
+  }
+  return out;
+}
+
+FragmentState genesis(std::mt19937& rng) {
+  FragmentState state;
+  state.run_id = "run-1";
+  state.fingerprint = 0xABCD;
+  state.fragment = 3;
+  state.version = 5;
+  state.params = random_tensors(rng, 1.0f);
+  state.momentum = random_tensors(rng, 0.1f);
+  state.consumed = {{"diloco.run-1.deltas.eu", 0, 17}};
+  return state;
+}
+
+struct TestDelta {
+  DeltaRef ref;
+  std::vector<DenseTensor> tensors;
+};
+
+TestDelta make_delta(std::mt19937& rng, const std::string& learner, int64_t offset, uint64_t base,
+                 uint64_t version, double weight) {
+  TestDelta d;
+  d.ref.position = {"diloco.run-1.deltas.eu", 0, offset};
+  d.ref.learner_id = learner;
+  d.ref.seq = 1;
+  d.ref.base_version = base;
+  d.ref.staleness = version - base;
+  d.ref.inner_steps = 10;
+  d.ref.tokens = 100;
+  d.ref.weight = weight;
+  d.tensors = random_tensors(rng, 0.05f);
+  return d;
+}
+
+std::vector<MergeInput> inputs_of(const std::vector<TestDelta>& deltas) {
+  std::vector<MergeInput> inputs;
+  for (const auto& d : deltas) inputs.push_back({d.ref, d.tensors});
+  return inputs;
+}
+
+MergeOptions options(MergeRule rule = MergeRule::RadialDirectional,
+                     OuterOptimizerKind optimizer = OuterOptimizerKind::Nesterov) {
+  MergeOptions o;
+  o.rule = rule;
+  o.optimizer = optimizer;
+  o.hyper.lr = 0.7f;
+  o.hyper.momentum = 0.9f;
+  o.tensors = kLayout;
+  return o;
+}
+
+bool same_bits(const std::vector<DenseTensor>& a, const std::vector<DenseTensor>& b) {
+  if (a.size() != b.size()) return false;
+  for (size_t t = 0; t < a.size(); ++t)
+    if (a[t].shape != b[t].shape || a[t].values.size() != b[t].values.size() ||
+        std::memcmp(a[t].values.data(), b[t].values.data(), a[t].values.size() * 4) != 0)
+      return false;
+  return true;
+}
+
+// The merge written out from the formulas, in double, tensor by tensor.
+void reference_merge(const FragmentState& current, const std::vector<TestDelta>& deltas,
+                     const MergeOptions& o, std::vector<std::vector<double>>& params,
+                     std::vector<std::vector<double>>& momentum) {
+  double total = 0;
+  for (const auto& d : deltas) total += d.ref.weight;
+  for (size_t t = 0; t < kLayout.size(); ++t) {
+    const size_t n = kLayout[t].numel();
+    const bool rda = o.rule == MergeRule::RadialDirectional && kLayout[t].name != "token_embedding";
+    std::vector<double> avg(n, 0.0), dir(n, 0.0);
+    double mean_norm = 0;
+    for (const auto& d : deltas) {
+      const double w = d.ref.weight / total;
+      double len = 0;
+      for (float x : d.tensors[t].values) len += double(x) * x;
+      len = std::sqrt(len);
+      mean_norm += w * len;
+      for (size_t k = 0; k < n; ++k) {
+        avg[k] += w * d.tensors[t].values[k];
+        dir[k] += w * d.tensors[t].values[k] / len;
+      }
+    }
+    double dir_norm = 0;
+    for (double x : dir) dir_norm += x * x;
+    dir_norm = std::sqrt(dir_norm);
+    std::vector<double> p(n), b(n);
+    for (size_t k = 0; k < n; ++k) {
+      const double u = rda ? mean_norm * dir[k] / dir_norm : avg[k];
+      b[k] = o.hyper.momentum * current.momentum[t].values[k] + u;
+      p[k] = current.params[t].values[k] - o.hyper.lr * (u + o.hyper.momentum * b[k]);
+    }
+    params.push_back(p);
+    momentum.push_back(b);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("merge_step matches an independent computation", "[merger]") {
+  std::mt19937 rng(11);
+  const FragmentState current = genesis(rng);
+  for (auto rule : {MergeRule::RadialDirectional, MergeRule::WeightedAverage}) {
+    const std::vector<TestDelta> deltas{make_delta(rng, "a", 3, 5, 5, 1000),
+                                    make_delta(rng, "b", 8, 4, 5, 400),
+                                    make_delta(rng, "c", 9, 2, 5, 2500)};
+    const MergeOptions o = options(rule);
+    FragmentState next;
+    merge_step(current, inputs_of(deltas), o, next);
+
+    std::vector<std::vector<double>> params, momentum;
+    reference_merge(current, deltas, o, params, momentum);
+    for (size_t t = 0; t < kLayout.size(); ++t)
+      for (size_t k = 0; k < params[t].size(); ++k) {
+        CHECK(next.params[t].values[k] == Approx(params[t][k]).epsilon(1e-5).margin(1e-7));
+        CHECK(next.momentum[t].values[k] == Approx(momentum[t][k]).epsilon(1e-5).margin(1e-7));
+      }
+  }
+}
+
+TEST_CASE("merge_step fills the next state and the merge record", "[merger]") {
+  std::mt19937 rng(12);
+  const FragmentState current = genesis(rng);
+  const std::vector<TestDelta> deltas{make_delta(rng, "a", 3, 5, 5, 1000),
+                                  make_delta(rng, "b", 8, 4, 5, 400)};
+  MergeOptions o = options(MergeRule::WeightedAverage, OuterOptimizerKind::Sgd);
+  o.hyper.staleness_alpha = 0.5f;
+  o.hyper.max_staleness = 4;
+  o.hyper.quorum = 2;
+  FragmentState next;
+  const MergeRecord record = merge_step(current, inputs_of(deltas), o, next);
+
+  CHECK(next.run_id == "run-1");
+  CHECK(next.fingerprint == 0xABCD);
+  CHECK(next.fragment == 3);
+  CHECK(next.version == 6);
+  CHECK(next.consumed == current.consumed);
+  CHECK(next.checksum == checksum_fp32(next.params));
+  for (size_t t = 0; t < kLayout.size(); ++t) {
+    CHECK(next.params[t].index == t);
+    CHECK(next.params[t].shape == kLayout[t].shape);
+    CHECK(next.momentum[t].index == t);
+  }
+  // Sgd leaves the momentum as it was.
+  CHECK(same_bits(next.momentum, current.momentum));
+
+  CHECK(record.run_id == "run-1");
+  CHECK(record.fingerprint == 0xABCD);
+  CHECK(record.fragment == 3);
+  CHECK(record.version == 6);
+  CHECK(record.prev_version == 5);
+  CHECK(record.rule == MergeRule::WeightedAverage);
+  CHECK(record.optimizer == OuterOptimizerKind::Sgd);
+  CHECK(record.hyper.lr == 0.7f);
+  CHECK(record.hyper.momentum == 0.9f);
+  CHECK(record.hyper.staleness_alpha == 0.5f);
+  CHECK(record.hyper.max_staleness == 4);
+  CHECK(record.hyper.quorum == 2);
+  CHECK(record.checksum == next.checksum);
+  CHECK(record.dropped.empty());
+  CHECK(record.merger_instance.empty());
+  REQUIRE(record.inputs.size() == 2);
+  CHECK(record.inputs[0].learner_id == "a");
+  CHECK(record.inputs[0].weight == 1000.0);  // raw, not normalised
+  CHECK(record.inputs[1].learner_id == "b");
+  CHECK(record.inputs[1].weight == 400.0);
+  CHECK(record.inputs[1].staleness == 1);
+  CHECK(record.inputs[1].position == LogPosition{"diloco.run-1.deltas.eu", 0, 8});
+}
+
+TEST_CASE("merge_step is bit-for-bit deterministic", "[merger]") {
+  std::mt19937 rng(13);
+  const FragmentState current = genesis(rng);
+  const std::vector<TestDelta> deltas{make_delta(rng, "a", 1, 5, 5, 1),
+                                  make_delta(rng, "b", 2, 5, 5, 3),
+                                  make_delta(rng, "c", 3, 1, 5, 7)};
+  FragmentState first, second;
+  const MergeRecord r1 = merge_step(current, inputs_of(deltas), options(), first);
+  // `next` reused with stale contents of another shape must not matter.
+  second.params = {{9, {1}, {42.0f}}};
+  second.momentum = {{0, {7, 7}, std::vector<float>(49, -1.0f)}, {1, {1}, {1.0f}},
+                     {2, {1}, {2.0f}}};
+  second.version = 77;
+  const MergeRecord r2 = merge_step(current, inputs_of(deltas), options(), second);
+  CHECK(same_bits(first.params, second.params));
+  CHECK(same_bits(first.momentum, second.momentum));
+  CHECK(r1.checksum == r2.checksum);
+  CHECK(second.version == 6);
+
+  // A chain of merges alternating two states equals the same chain run again.
+  FragmentState a = current, b;
+  FragmentState c = current, d;
+  for (int step = 0; step < 4; ++step) {
+    std::vector<TestDelta> round{make_delta(rng, "a", 10 + step, a.version, a.version, 2),
+                             make_delta(rng, "b", 20 + step, a.version, a.version, 5)};
+    const auto ra = merge_step(a, inputs_of(round), options(), b);
+    const auto rc = merge_step(c, inputs_of(round), options(), d);
+    CHECK(ra.checksum == rc.checksum);
+    std::swap(a, b);
+    std::swap(c, d);
+  }
+  CHECK(same_bits(a.params, c.params));
+  CHECK(same_bits(a.momentum, c.momentum));
+  CHECK(a.version == 9);
+}
+
+TEST_CASE("the record keeps the input order, which replay must reuse", "[merger]") {
+  // Another order is the same merge up to fp32 rounding, not necessarily bit for bit.
+  std::mt19937 rng(14);
+  const FragmentState current = genesis(rng);
+  const std::vector<TestDelta> deltas{make_delta(rng, "a", 1, 5, 5, 1),
+                                  make_delta(rng, "b", 2, 5, 5, 3)};
+  FragmentState next;
+  const MergeRecord record = merge_step(current, inputs_of(deltas), options(), next);
+  CHECK(record.inputs[0].learner_id == "a");
+  CHECK(record.inputs[1].learner_id == "b");
+  const std::vector<TestDelta> reversed{deltas[1], deltas[0]};
+  FragmentState other;
+  merge_step(current, inputs_of(reversed), options(), other);
+  for (size_t t = 0; t < kLayout.size(); ++t)
+    for (size_t k = 0; k < other.params[t].values.size(); ++k)
+      CHECK(other.params[t].values[k] == Approx(next.params[t].values[k]).epsilon(1e-6));
+}
+
+TEST_CASE("merge_step refuses inputs that do not fit, leaving both states untouched",
+          "[merger]") {
+  std::mt19937 rng(15);
+  const FragmentState current = genesis(rng);
+  FragmentState next;
+  next.version = 99;
+  next.params = {{0, {1}, {1.0f}}};
+  const FragmentState next_before = next;
+  auto refuses = [&](std::vector<TestDelta> deltas, MergeOptions o, FragmentState state) {
+    CHECK_THROWS_AS(merge_step(state, inputs_of(deltas), o, next), InvalidInput);
+    CHECK(next.version == next_before.version);
+    CHECK(same_bits(next.params, next_before.params));
+  };
+  const TestDelta good = make_delta(rng, "a", 1, 5, 5, 10);
+
+  refuses({}, options(), current);
+  TestDelta zero = good;
+  zero.ref.weight = 0;
+  refuses({zero, zero}, options(), current);
+  TestDelta negative = good;
+  negative.ref.weight = -1;
+  refuses({good, negative}, options(), current);
+  TestDelta future = good;
+  future.ref.base_version = 6;
+  refuses({future}, options(), current);
+  TestDelta wrong_staleness = good;
+  wrong_staleness.ref.staleness = 1;
+  refuses({wrong_staleness}, options(), current);
+  TestDelta missing_tensor = good;
+  missing_tensor.tensors.pop_back();
+  refuses({good, missing_tensor}, options(), current);
+  TestDelta short_tensor = good;
+  short_tensor.tensors[0].values.pop_back();
+  refuses({short_tensor}, options(), current);
+  TestDelta reshaped = good;
+  reshaped.tensors[0].shape = {3, 2};
+  refuses({reshaped}, options(), current);
+
+  FragmentState no_momentum = current;
+  no_momentum.momentum.clear();
+  refuses({good}, options(), no_momentum);
+  FragmentState short_params = current;
+  short_params.params[1].values.resize(3);
+  refuses({good}, options(), short_params);
+
+  for (auto change : std::vector<void (*)(OuterHyper&)>{
+           [](OuterHyper& h) { h.lr = 0; }, [](OuterHyper& h) { h.lr = NAN; },
+           [](OuterHyper& h) { h.momentum = 1; }, [](OuterHyper& h) { h.momentum = -0.1f; },
+           [](OuterHyper& h) { h.staleness_alpha = -1; }, [](OuterHyper& h) { h.quorum = 0; }}) {
+    MergeOptions o = options();
+    change(o.hyper);
+    refuses({good}, o, current);
+  }
+}
+
+TEST_CASE("merge_step cannot write the state it reads", "[merger]") {
+  std::mt19937 rng(16);
+  FragmentState state = genesis(rng);
+  const std::vector<TestDelta> deltas{make_delta(rng, "a", 1, 5, 5, 1)};
+  CHECK_THROWS_AS(merge_step(state, inputs_of(deltas), options(), state), InternalError);
+}
+
+TEST_CASE("a genesis state with zero momentum merges", "[merger]") {
+  std::mt19937 rng(17);
+  FragmentState state = genesis(rng);
+  state.version = 0;
+  state.momentum = initial_momentum(state.params);
+  const std::vector<TestDelta> deltas{make_delta(rng, "a", 1, 0, 0, 1)};
+  FragmentState next;
+  merge_step(state, inputs_of(deltas), options(MergeRule::RadialDirectional), next);
+  CHECK(next.version == 1);
+  // One delta, from zero momentum: theta - lr * (1 + mu) * d, buf = d.
+  for (size_t t = 0; t < kLayout.size(); ++t)
+    for (size_t k = 0; k < state.params[t].values.size(); ++k) {
+      const float d = deltas[0].tensors[t].values[k];
+      CHECK(next.momentum[t].values[k] == d);
+      CHECK(next.params[t].values[k] ==
+            Approx(state.params[t].values[k] - 0.7 * 1.9 * d).epsilon(1e-6).margin(1e-7));
+    }
+}
