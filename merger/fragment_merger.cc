@@ -219,8 +219,10 @@ void FragmentMerger::replayed(const MergeRecord& record) {
   if (!pending_.empty() || !dropped_.empty())
     throw InternalError(detail::concat("fragment ", fragment_,
                                        ": replayed after deltas were offered"));
+  // A record that keeps the version only accounts for drops (a clean stop writes one).
+  const bool merge = !record.inputs.empty();
   if (record.fragment != fragment_ || record.prev_version != version_ ||
-      record.version != version_ + 1)
+      record.version != version_ + (merge ? 1 : 0))
     throw InternalError(detail::concat("fragment ", fragment_, " at version ", version_,
                                        ": cannot replay the record of fragment ", record.fragment,
                                        " from version ", record.prev_version, " to ",

@@ -96,7 +96,8 @@ class FragmentMerger {
 
   // Recovery: accounts for a logged merge of this fragment (record.prev_version == version(),
   // COLLECTING with nothing pending) as if this merger had made it, so that the learners'
-  // merged bases are known. The parameters are rebuilt separately with merge_step.
+  // merged bases are known. The parameters are rebuilt separately with merge_step. A record
+  // without inputs (accounting only: version == prev_version) is accepted and changes nothing.
   void replayed(const MergeRecord& record);
 
   MergerState state() const { return state_; }

@@ -78,6 +78,7 @@ MergeRecord merge_step(const FragmentState& current, std::span<const MergeInput>
   copy_tensors(current.momentum, next.momentum);
   next.consumed = current.consumed;
   next.last_merge = current.last_merge;
+  next.accounted = current.accounted;
 
   size_t largest = 0;
   for (const auto& spec : layout) largest = std::max(largest, static_cast<size_t>(spec.numel()));

@@ -35,8 +35,8 @@ void validate_outer_hyper(const OuterHyper& hyper);
 
 // Writes version current.version + 1 of the fragment into `next` (which must not be `current`;
 // its buffers are reused, so a caller can alternate two states without allocating): run id,
-// fingerprint, fragment, version, params, momentum and checksum; consumed and last_merge are
-// copied from `current` for the caller to update. Returns the MergeRecord with fragment, run id,
+// fingerprint, fragment, version, params, momentum and checksum; consumed, last_merge and
+// accounted are copied from `current` for the caller to update. Returns the MergeRecord with fragment, run id,
 // fingerprint, version, prev_version, inputs (as given, raw weights), rule, optimizer, hyper and
 // checksum; the caller adds dropped deltas, merger instance, epoch and time.
 //

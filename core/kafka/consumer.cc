@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <map>
+#include <set>
 
 #include "core/errors.h"
 #include "core/kafka/client_config.h"
@@ -173,25 +175,67 @@ std::pair<int64_t, int64_t> Consumer::watermarks(const std::string& topic, int32
   return {low, high};
 }
 
-void read_to_end(const KafkaOptions& options, const std::vector<std::string>& topics,
-                 const std::function<void(const ConsumedMessage&)>& on_message, int timeout_ms) {
+void read_partitions_to_end(const KafkaOptions& options, const std::vector<TopicPartitionOffset>& starts,
+                            const std::function<void(const ConsumedMessage&)>& on_message, int timeout_ms) {
+  if (starts.empty()) return;
   ConsumerOptions consumer_options;
   consumer_options.kafka = options;
   Consumer reader(consumer_options);
-  std::vector<TopicPartitionOffset> partitions;
-  for (const auto& topic : topics) {
-    int n = reader.partition_count(topic, timeout_ms);
-    for (int p = 0; p < n; ++p) partitions.push_back({topic, p, RdKafka::Topic::OFFSET_BEGINNING});
-  }
-  if (partitions.empty()) return;
-  reader.assign(partitions);
+  reader.assign(starts);
   auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
   while (!reader.at_end()) {
     if (std::chrono::steady_clock::now() > deadline)
-      throw Unavailable("reading " + topics.front() + " to its end took longer than " +
+      throw Unavailable("reading " + starts.front().topic + " to its end took longer than " +
                         std::to_string(timeout_ms) + " ms");
     if (auto message = reader.poll(200)) on_message(*message);
   }
+}
+
+std::vector<ConsumedMessage> fetch_positions(const KafkaOptions& options,
+                                             const std::vector<TopicPartitionOffset>& positions, int timeout_ms) {
+  // One sequential read per partition, from its lowest wanted offset to its highest.
+  std::map<std::pair<std::string, int32_t>, std::set<int64_t>> wanted;
+  for (const auto& p : positions) wanted[{p.topic, p.partition}].insert(p.offset);
+  std::vector<ConsumedMessage> out;
+  if (wanted.empty()) return out;
+  ConsumerOptions consumer_options;
+  consumer_options.kafka = options;
+  Consumer reader(consumer_options);
+  std::vector<TopicPartitionOffset> starts;
+  for (const auto& [tp, offsets] : wanted) starts.push_back({tp.first, tp.second, *offsets.begin()});
+  reader.assign(starts);
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  size_t remaining = positions.size();
+  std::set<std::pair<std::string, int32_t>> done;
+  while (remaining > 0 && done.size() < wanted.size() && !reader.at_end()) {
+    if (std::chrono::steady_clock::now() > deadline)
+      throw Unavailable("fetching " + std::to_string(remaining) + " logged messages took longer than " +
+                        std::to_string(timeout_ms) + " ms");
+    auto message = reader.poll(200);
+    if (!message) continue;
+    auto& offsets = wanted[{message->topic, message->partition}];
+    if (offsets.erase(message->offset)) {
+      --remaining;
+      out.push_back(std::move(*message));
+    }
+    if (offsets.empty() || message->offset >= *offsets.rbegin()) done.insert({message->topic, message->partition});
+  }
+  return out;
+}
+
+void read_to_end(const KafkaOptions& options, const std::vector<std::string>& topics,
+                 const std::function<void(const ConsumedMessage&)>& on_message, int timeout_ms) {
+  std::vector<TopicPartitionOffset> starts;
+  {
+    ConsumerOptions consumer_options;
+    consumer_options.kafka = options;
+    Consumer probe(consumer_options);
+    for (const auto& topic : topics) {
+      int n = probe.partition_count(topic, timeout_ms);
+      for (int p = 0; p < n; ++p) starts.push_back({topic, p, RdKafka::Topic::OFFSET_BEGINNING});
+    }
+  }
+  read_partitions_to_end(options, starts, on_message, timeout_ms);
 }
 
 }  // namespace diloco

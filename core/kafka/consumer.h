@@ -91,6 +91,16 @@ class Consumer {
   std::vector<std::pair<std::string, int32_t>> ended_;
 };
 
+// Reads every committed message of the given partitions from the given offsets (-2: beginning)
+// up to their end as of the call, without a consumer group.
+void read_partitions_to_end(const KafkaOptions& options, const std::vector<TopicPartitionOffset>& starts,
+                            const std::function<void(const ConsumedMessage&)>& on_message, int timeout_ms);
+
+// The committed messages at exactly these positions (missing ones, e.g. deleted by retention or
+// never committed, are absent from the result).
+std::vector<ConsumedMessage> fetch_positions(const KafkaOptions& options,
+                                             const std::vector<TopicPartitionOffset>& positions, int timeout_ms);
+
 // Reads every committed message of `topics` from the beginning up to the end as of the call,
 // without a consumer group, calling on_message for each. Used by start-up state reads and replay.
 void read_to_end(const KafkaOptions& options, const std::vector<std::string>& topics,

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <optional>
@@ -24,6 +25,9 @@ class ChildProcess {
  public:
   ChildProcess(std::vector<std::string> args, const std::string& log_path, const std::string& cwd = DILOCO_SOURCE_DIR)
       : log_path_(log_path) {
+    // Flush first: the child would otherwise inherit and write out our buffered output.
+    std::fflush(stdout);
+    std::fflush(stderr);
     pid_ = fork();
     if (pid_ == 0) {
       if (chdir(cwd.c_str()) != 0) _exit(127);

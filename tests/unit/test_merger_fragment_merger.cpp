@@ -480,3 +480,25 @@ TEST_CASE("recovery replays logged merges into the bookkeeping", "[merger]") {
   fresh.offer(ref("c", 1, 5, 9), tensors(1), 0.0);
   CHECK_THROWS_AS(fresh.replayed(record), InternalError);
 }
+
+TEST_CASE("recovery accepts accounting-only records, which keep the version", "[merger]") {
+  FragmentMerger m(2, 6, hyper(1), 0.0);
+  MergeRecord stop_record;  // what a clean stop writes: drops and pending deltas, no inputs
+  stop_record.fragment = 2;
+  stop_record.prev_version = 6;
+  stop_record.version = 6;
+  stop_record.dropped = {{ref("a", 1, 6, 1), DropReason::PendingAtStop, ""}};
+  m.replayed(stop_record);
+  CHECK(m.version() == 6);
+  CHECK_FALSE(m.offer(ref("a", 1, 6, 1), tensors(1), 0.0));  // a pending delta merges later
+
+  FragmentMerger other(2, 6, hyper(1), 0.0);
+  stop_record.version = 7;  // a version change needs inputs
+  CHECK_THROWS_AS(other.replayed(stop_record), InternalError);
+  MergeRecord merge;
+  merge.fragment = 2;
+  merge.prev_version = 6;
+  merge.version = 6;  // inputs need a version change
+  merge.inputs = {ref("b", 1, 6, 2)};
+  CHECK_THROWS_AS(other.replayed(merge), InternalError);
+}

@@ -38,6 +38,8 @@ FragmentState genesis(std::mt19937& rng) {
   state.params = random_tensors(rng, 1.0f);
   state.momentum = random_tensors(rng, 0.1f);
   state.consumed = {{"diloco.run-1.deltas.eu", 0, 17}};
+  state.last_merge = LogPosition{"diloco.run-1.merges", 0, 4};
+  state.accounted = {{"a", 3}};
   return state;
 }
 
@@ -163,6 +165,8 @@ TEST_CASE("merge_step fills the next state and the merge record", "[merger]") {
   CHECK(next.fragment == 3);
   CHECK(next.version == 6);
   CHECK(next.consumed == current.consumed);
+  CHECK(next.last_merge == current.last_merge);
+  CHECK(next.accounted == current.accounted);
   CHECK(next.checksum == checksum_fp32(next.params));
   for (size_t t = 0; t < kLayout.size(); ++t) {
     CHECK(next.params[t].index == t);

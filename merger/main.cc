@@ -1,0 +1,45 @@
+// diloco-merger: a member of the run's merger group. See merger/merger_process.h and
+// ARCHITECTURE.md section 6.
+#include <CLI/CLI.hpp>
+
+#include <iostream>
+
+#include "core/errors.h"
+#include "core/process.h"
+#include "merger/merger_process.h"
+
+using namespace diloco;
+
+int main(int argc, char** argv) {
+  CLI::App app{
+      "diloco-merger: consumes every region's deltas for the fragments it owns (Kafka consumer group,\n"
+      "range assignor), merges them with quorum, grace window, token and staleness weighting, commits\n"
+      "each merge exactly once (merge record + checkpoint + offsets in one Kafka transaction), then\n"
+      "publishes the new fragment to the learners over ZeroMQ. Start more instances to split the\n"
+      "fragments; a killed instance's fragments move to the others within the session timeout.\n"};
+  std::string config_file, bootstrap = default_bootstrap_servers();
+  std::vector<std::string> overrides;
+  MergerOptions o;
+  app.add_option("-c,--config", config_file, "run config (TOML), e.g. configs/tiny.toml; merge policy in [merger]")->required()->check(CLI::ExistingFile);
+  app.add_option("-s,--set", overrides, "override a config value: section.key=value (repeatable), e.g. --set merger.quorum=3");
+  app.add_option("--id", o.instance_id, "instance id, stable across restarts (its Kafka transactional id: a restarted instance fences its predecessor)")->capture_default_str();
+  app.add_option("--bootstrap", bootstrap, "Kafka bootstrap servers (default: $DILOCO_BOOTSTRAP or 127.0.0.1:19092)")->capture_default_str();
+  app.add_option("--bind", o.bind, "ZeroMQ PUB endpoint to bind ('*' as port picks a free one)")->capture_default_str();
+  app.add_option("--advertise", o.advertise, "endpoint announced to learners in the members topic (default: the bound one)");
+  app.add_option("--run-dir", o.run_dir, "folder for metrics.jsonl (created if missing; empty: no file)");
+  app.add_option("--metrics-port", o.metrics_port, "serve Prometheus metrics on 127.0.0.1:PORT/metrics (0: off)")->capture_default_str();
+  app.add_option("--session-timeout-ms", o.session_timeout_ms, "consumer-group session timeout: how fast a dead instance's fragments move")->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
+  o.kafka.bootstrap_servers = bootstrap;
+  install_stop_handlers();
+  try {
+    o.config = load_run_config(config_file, overrides);
+    return run_merger(o, stop_requested());
+  } catch (const Error& e) {
+    std::cerr << "diloco-merger: error: " << e.what() << "\n";
+    return 1;
+  } catch (const std::exception& e) {
+    std::cerr << "diloco-merger: internal error: " << e.what() << "\n";
+    return 3;
+  }
+}

@@ -1,0 +1,527 @@
+#include "merger/merger_process.h"
+
+#include <chrono>
+#include <filesystem>
+#include <iostream>
+#include <map>
+#include <memory>
+#include <set>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+#include <zmq.hpp>
+
+#include "core/kafka/consumer.h"
+#include "core/kafka/producer.h"
+#include "core/metrics/metrics.h"
+#include "core/model/cpu_runtime.h"
+#include "core/zmq/params_channel.h"
+#include "merger/fragment_merger.h"
+#include "merger/grace_window.h"
+#include "merger/recovery.h"
+
+namespace diloco {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+int64_t unix_us() {
+  return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+struct OwnedFragment {
+  FragmentState state;    // the committed version
+  FragmentState scratch;  // merge_step writes the next version here
+  std::unique_ptr<FragmentMerger> merger;
+  std::vector<uint8_t> params_message;  // encoded FragmentParams of `state`, for (re)publishing
+};
+
+struct LiveLearner {
+  int64_t time_us = 0;
+  float step_time_s = 0;
+};
+
+class MergerProcess : public RebalanceListener {
+ public:
+  MergerProcess(const MergerOptions& options, const std::atomic<bool>& stop);
+  int run();
+
+  void on_assigned(const std::vector<TopicPartitionOffset>& partitions) override;
+  void on_revoked(const std::vector<TopicPartitionOffset>& partitions) override;
+
+ private:
+  double now() const { return std::chrono::duration<double>(Clock::now() - start_).count(); }
+  DecodeLimits limits() const {
+    return DecodeLimits{.run_id = o_.config.run.id, .fingerprint = setup_.layout.fingerprint, .layout = &setup_.layout,
+                        .max_message_bytes = o_.kafka.max_message_bytes};
+  }
+  LogContext log_context() const {
+    return LogContext{.kafka = o_.kafka, .topics = topics_, .config = &o_.config, .setup = &setup_, .limits = limits()};
+  }
+  std::vector<uint32_t> fragments_of(int32_t partition) const;
+  void recover(const std::set<int32_t>& partitions);
+  void handle_delta(const ConsumedMessage& message);
+  void reject(const ConsumedMessage& message, const std::string& reason, const std::string& detail);
+  void merge(uint32_t p);
+  void commit(uint32_t p, MergeRecord& record, bool write_state);
+  void write_genesis(const std::vector<uint32_t>& fragments);
+  std::vector<TopicPartitionOffset> offsets_to_commit() const;
+  void publish(uint32_t p);
+  void follow_members();
+  std::vector<std::string> live_learners() const;
+  void announce(bool leaving);
+  void stop_fragments();
+  void log(nlohmann::json record);
+  void begin();
+  void finish_transaction(bool with_offsets);
+
+  const MergerOptions& o_;
+  const std::atomic<bool>& stop_;
+  ModelSetup setup_;
+  RunTopics topics_;
+  Metrics metrics_{"diloco_merger_"};
+  std::unique_ptr<JsonLines> log_;
+  std::unique_ptr<MetricsEndpoint> endpoint_;
+  Clock::time_point start_ = Clock::now();
+  int partitions_ = 1;  // NP
+  uint64_t epoch_ = 0;
+  std::string advertised_;
+  GraceWindow grace_;
+  std::map<uint32_t, OwnedFragment> owned_;
+  std::set<int32_t> assigned_;
+  std::map<std::pair<std::string, int32_t>, int64_t> next_offset_;  // consumed delta partitions
+  std::map<std::string, LiveLearner> learners_;
+  zmq::context_t zmq_{1};
+  std::unique_ptr<ParamsPublisher> publisher_;
+  std::unique_ptr<Consumer> consumer_;
+  std::unique_ptr<Producer> txn_;
+  std::unique_ptr<Producer> plain_;
+  std::unique_ptr<Consumer> members_;
+  // Delivery of the transactional producer: token -> position (or error).
+  std::map<uint64_t, DeliveryReport> delivered_;
+  uint64_t next_token_ = 1;
+  bool recover_needed_ = false;
+};
+
+MergerProcess::MergerProcess(const MergerOptions& options, const std::atomic<bool>& stop)
+    : o_(options), stop_(stop), setup_(build_model(options.config)), topics_{options.config.run.id},
+      grace_(GraceWindowOptions{.gamma = options.config.merger.grace_gamma,
+                                .tau = options.config.merger.grace_tau,
+                                .cap_step_times = options.config.merger.grace_cap_steps,
+                                .cap_seconds = options.config.merger.grace_cap_seconds}) {}
+
+void MergerProcess::log(nlohmann::json record) {
+  record["t"] = now();
+  record["time_us"] = unix_us();
+  record["merger"] = o_.instance_id;
+  if (log_) log_->write(record);
+}
+
+std::vector<uint32_t> MergerProcess::fragments_of(int32_t partition) const {
+  std::vector<uint32_t> out;
+  for (uint32_t p = static_cast<uint32_t>(partition); p < setup_.layout.num_fragments(); p += static_cast<uint32_t>(partitions_))
+    out.push_back(p);
+  return out;
+}
+
+void MergerProcess::begin() { txn_->begin_transaction(); }
+
+// Commits the open transaction; with_offsets adds the consumed offsets that every held delta
+// allows (see offsets_to_commit).
+void MergerProcess::finish_transaction(bool with_offsets) {
+  if (with_offsets) {
+    auto offsets = offsets_to_commit();
+    if (!offsets.empty()) txn_->send_offsets_to_transaction(offsets, consumer_->raw(), 30000);
+  }
+  txn_->commit_transaction(60000);
+}
+
+std::vector<TopicPartitionOffset> MergerProcess::offsets_to_commit() const {
+  // A partition's offset may not pass a delta some fragment still holds (pending, or dropped but
+  // not yet in a committed record): after a crash it must be read again. Deltas re-read that a
+  // committed record already accounts for are skipped by seq (FragmentState.accounted).
+  std::map<std::pair<std::string, int32_t>, int64_t> commit = next_offset_;
+  for (const auto& [p, f] : owned_)
+    for (const auto& pos : f.merger->uncommitted_positions()) {
+      auto it = commit.find({pos.topic, pos.partition});
+      if (it != commit.end()) it->second = std::min(it->second, pos.offset);
+    }
+  std::vector<TopicPartitionOffset> out;
+  for (const auto& [tp, offset] : commit)
+    if (assigned_.count(tp.second)) out.push_back({tp.first, tp.second, offset});
+  return out;
+}
+
+void MergerProcess::write_genesis(const std::vector<uint32_t>& fragments) {
+  if (fragments.empty()) return;
+  begin();
+  for (uint32_t p : fragments) {
+    auto bytes = encode_fragment_state(owned_.at(p).state);
+    txn_->produce({.topic = topics_.state(), .partition = static_cast<int32_t>(p % static_cast<uint32_t>(partitions_)),
+                   .key = std::to_string(p), .value = bytes},
+                  next_token_++, 30000);
+  }
+  finish_transaction(false);
+  for (uint32_t p : fragments) log({{"event", "genesis"}, {"fragment", p}});
+}
+
+void MergerProcess::recover(const std::set<int32_t>& partitions) {
+  auto t0 = Clock::now();
+  std::vector<uint32_t> genesis;
+  for (int32_t partition : partitions) {
+    auto fragments = fragments_of(partition);
+    auto recovered = recover_partition(log_context(), partition, fragments);
+    for (auto& [p, r] : recovered) {
+      uint64_t start_version = r.replayed.empty() ? r.state.version : r.replayed.front().prev_version;
+      OwnedFragment f;
+      f.merger = std::make_unique<FragmentMerger>(p, start_version, outer_hyper(o_.config), now());
+      for (const auto& record : r.replayed) f.merger->replayed(record);
+      f.state = std::move(r.state);
+      if (r.from_genesis) genesis.push_back(p);
+      log({{"event", "recovered"}, {"fragment", p}, {"version", f.state.version}, {"replayed", r.replayed.size()},
+           {"from_genesis", r.from_genesis}});
+      owned_[p] = std::move(f);
+      metrics_.set("fragment_version", static_cast<double>(owned_[p].state.version), {{"fragment", std::to_string(p)}});
+    }
+  }
+  write_genesis(genesis);
+  for (auto& [p, f] : owned_) {
+    f.params_message.clear();
+    publish(p);
+  }
+  double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  metrics_.observe("recovery_seconds", seconds, {0.1, 0.5, 1, 2, 5, 10, 30});
+  std::cerr << "merger " << o_.instance_id << ": owns fragments";
+  for (const auto& [p, f] : owned_) std::cerr << " " << p << "@v" << f.state.version;
+  std::cerr << " (recovered in " << seconds << " s)\n";
+}
+
+void MergerProcess::on_assigned(const std::vector<TopicPartitionOffset>& partitions) {
+  epoch_ = static_cast<uint64_t>(unix_us() / 1000);
+  assigned_.clear();
+  for (const auto& tp : partitions) assigned_.insert(tp.partition);
+  owned_.clear();
+  next_offset_.clear();
+  log({{"event", "assigned"}, {"partitions", std::vector<int32_t>(assigned_.begin(), assigned_.end())}, {"epoch", epoch_}});
+  recover(assigned_);
+  announce(false);
+}
+
+void MergerProcess::on_revoked(const std::vector<TopicPartitionOffset>&) {
+  // Held deltas are not recorded: their offsets are not committed, so the next owner reads them.
+  log({{"event", "revoked"}, {"fragments", owned_.size()}});
+  owned_.clear();
+  assigned_.clear();
+  next_offset_.clear();
+}
+
+void MergerProcess::reject(const ConsumedMessage& message, const std::string& reason, const std::string& detail) {
+  metrics_.add("deltas_rejected_total", 1, {{"reason", reason}});
+  RejectedInput r{.run_id = o_.config.run.id, .source = {message.topic, message.partition, message.offset},
+                  .reason = reason, .detail = detail, .rejected_by = o_.instance_id, .time_us = unix_us(),
+                  .payload_size = message.value.size()};
+  r.payload_head.assign(message.value.begin(), message.value.begin() + std::min<size_t>(message.value.size(), 256));
+  auto bytes = encode_rejected(r);
+  plain_->try_produce({.topic = topics_.rejected(), .partition = 0, .key = "", .value = bytes}, 0);
+  log({{"event", "rejected"}, {"topic", message.topic}, {"partition", message.partition}, {"offset", message.offset},
+       {"reason", reason}, {"detail", detail}});
+}
+
+void MergerProcess::handle_delta(const ConsumedMessage& message) {
+  next_offset_[{message.topic, message.partition}] = message.offset + 1;
+  Delta delta;
+  try {
+    delta = decode_delta(message.value, limits());
+  } catch (const Rejection& e) {
+    reject(message, reject_reason_name(e.reason), e.what());
+    return;
+  }
+  uint32_t p = delta.header.fragment;
+  auto it = owned_.find(p);
+  if (p % static_cast<uint32_t>(partitions_) != static_cast<uint32_t>(message.partition) || it == owned_.end()) {
+    reject(message, "wrong_partition",
+           "fragment " + std::to_string(p) + " belongs in partition " + std::to_string(p % static_cast<uint32_t>(partitions_)));
+    return;
+  }
+  auto& f = it->second;
+  auto accounted = f.state.accounted.find(delta.header.learner_id);
+  if (accounted != f.state.accounted.end() && delta.header.seq <= accounted->second) {
+    metrics_.add("deltas_reread_total", 1);  // already in a committed record
+    return;
+  }
+  metrics_.add("deltas_received_total", 1, {{"region", delta.header.region}});
+  metrics_.add("delta_wire_bytes_total", static_cast<double>(message.value.size()));
+  auto dropped = f.merger->offer(delta_ref(delta.header, {message.topic, message.partition, message.offset}),
+                                 std::move(delta.tensors), now());
+  if (dropped) metrics_.add("deltas_dropped_total", 1, {{"reason", drop_reason_name(dropped->reason)}});
+}
+
+void MergerProcess::commit(uint32_t p, MergeRecord& record, bool write_state) {
+  auto& f = owned_.at(p);
+  const int32_t partition = static_cast<int32_t>(p % static_cast<uint32_t>(partitions_));
+  begin();
+  auto record_bytes = encode_merge_record(record);
+  uint64_t token = next_token_++;
+  txn_->produce({.topic = topics_.merges(), .partition = partition, .key = std::to_string(p), .value = record_bytes},
+                token, 30000);
+  // The checkpoint names its merge record by offset, so wait for the record's position.
+  auto deadline = Clock::now() + std::chrono::seconds(60);
+  while (!delivered_.count(token)) {
+    if (Clock::now() > deadline) throw Unavailable("merge record not acknowledged within 60 s");
+    txn_->poll(10);
+  }
+  DeliveryReport report = delivered_.at(token);
+  delivered_.erase(token);
+  if (!report.ok) throw Error("merge record not written: " + report.error);
+  f.scratch.last_merge = LogPosition{report.topic, report.partition, report.offset};
+  f.scratch.accounted = f.state.accounted;
+  account(f.scratch.accounted, record);
+  if (write_state) {
+    f.scratch.consumed.clear();
+    for (const auto& tp : offsets_to_commit()) f.scratch.consumed.push_back({tp.topic, tp.partition, tp.offset});
+    auto state_bytes = encode_fragment_state(f.scratch);
+    txn_->produce({.topic = topics_.state(), .partition = partition, .key = std::to_string(p), .value = state_bytes},
+                  next_token_++, 30000);
+  }
+  finish_transaction(true);
+}
+
+void MergerProcess::merge(uint32_t p) {
+  auto& f = owned_.at(p);
+  MergePlan plan = f.merger->take_merge_inputs(now());
+  MergeOptions options{.rule = merge_rule(o_.config), .optimizer = outer_optimizer(o_.config),
+                       .hyper = outer_hyper(o_.config), .tensors = setup_.layout.fragments[p]};
+  MergeRecord record = merge_step(f.state, plan.inputs, options, f.scratch);
+  record.dropped = std::move(plan.dropped);
+  record.merger_instance = o_.instance_id;
+  record.epoch = epoch_;
+  record.merge_time_us = unix_us();
+  bool checkpoint = record.version % o_.config.merger.checkpoint_every == 0;
+  commit(p, record, checkpoint);
+  std::swap(f.state, f.scratch);
+  f.params_message.clear();
+  auto late_drops = f.merger->merge_committed(f.state.version);
+  for (const auto& d : late_drops) metrics_.add("deltas_dropped_total", 1, {{"reason", drop_reason_name(d.reason)}});
+  publish(p);
+  double sync = f.merger->published(now());
+  grace_.observe_sync_time(sync);
+
+  metrics_.add("merges_total", 1);
+  metrics_.add("deltas_merged_total", static_cast<double>(record.inputs.size()));
+  metrics_.set("fragment_version", static_cast<double>(f.state.version), {{"fragment", std::to_string(p)}});
+  metrics_.observe("merge_latency_seconds", sync, {0.001, 0.01, 0.05, 0.1, 0.5, 1, 5});
+  nlohmann::json inputs = nlohmann::json::array();
+  for (const auto& in : record.inputs) {
+    metrics_.observe("staleness", static_cast<double>(in.staleness), {0, 1, 2, 4, 8, 16, 32});
+    inputs.push_back({{"learner", in.learner_id}, {"seq", in.seq}, {"base", in.base_version}, {"staleness", in.staleness},
+                      {"tokens", in.tokens}, {"weight", in.weight}});
+  }
+  nlohmann::json dropped = nlohmann::json::array();
+  for (const auto& d : record.dropped)
+    dropped.push_back({{"learner", d.delta.learner_id}, {"seq", d.delta.seq}, {"reason", drop_reason_name(d.reason)}});
+  log({{"event", "merge"}, {"fragment", p}, {"version", record.version}, {"inputs", inputs}, {"dropped", dropped},
+       {"checkpoint", checkpoint}, {"sync_seconds", sync}, {"checksum", record.checksum}});
+}
+
+void MergerProcess::publish(uint32_t p) {
+  auto& f = owned_.at(p);
+  if (f.params_message.empty()) {
+    FragmentParams params{.run_id = o_.config.run.id, .fingerprint = setup_.layout.fingerprint, .fragment = p,
+                          .version = f.state.version, .checksum = f.state.checksum,
+                          .merger_instance = o_.instance_id, .epoch = epoch_, .tensors = f.state.params};
+    f.params_message = encode_fragment_params(params);
+  }
+  publisher_->publish(p, f.params_message);
+}
+
+void MergerProcess::follow_members() {
+  for (int i = 0; i < 64; ++i) {
+    auto message = members_->poll(0);
+    if (!message) return;
+    if (message->tombstone) continue;
+    try {
+      Member m = decode_member(message->value, limits());
+      if (m.role != Role::Learner) continue;
+      learners_[m.instance_id] = LiveLearner{m.time_us, m.step_time_s};
+      if (unix_us() - m.time_us < static_cast<int64_t>(o_.config.merger.liveness_seconds * 1e6))
+        grace_.observe_step_time(m.step_time_s);
+    } catch (const Rejection&) {
+      metrics_.add("members_rejected_total", 1);
+    }
+  }
+}
+
+std::vector<std::string> MergerProcess::live_learners() const {
+  std::vector<std::string> out;
+  int64_t horizon = unix_us() - static_cast<int64_t>(o_.config.merger.liveness_seconds * 1e6);
+  for (const auto& [id, l] : learners_)
+    if (l.time_us >= horizon) out.push_back(id);
+  return out;
+}
+
+void MergerProcess::announce(bool leaving) {
+  Member m{.run_id = o_.config.run.id, .instance_id = o_.instance_id, .role = Role::Merger, .endpoint = advertised_,
+           .epoch = epoch_, .time_us = unix_us()};
+  if (!leaving)
+    for (const auto& [p, f] : owned_) {
+      m.owned_fragments.push_back(p);
+      m.fragment_versions.push_back(f.state.version);
+    }
+  auto bytes = encode_member(m);
+  plain_->try_produce({.topic = topics_.members(), .partition = 0, .key = o_.instance_id, .value = bytes}, 0);
+}
+
+void MergerProcess::stop_fragments() {
+  // A clean stop records what is still held: pending deltas as PendingAtStop (a later owner merges
+  // them) and drops not yet in a record, in one accounting-only record per fragment.
+  for (auto& [p, f] : owned_) {
+    auto held = f.merger->stop();
+    if (held.empty()) continue;
+    MergeRecord record{.run_id = o_.config.run.id, .fingerprint = setup_.layout.fingerprint, .fragment = p,
+                       .version = f.state.version, .prev_version = f.state.version, .dropped = std::move(held),
+                       .rule = merge_rule(o_.config), .optimizer = outer_optimizer(o_.config),
+                       .hyper = outer_hyper(o_.config), .checksum = f.state.checksum,
+                       .merger_instance = o_.instance_id, .epoch = epoch_, .merge_time_us = unix_us()};
+    begin();
+    auto bytes = encode_merge_record(record);
+    txn_->produce({.topic = topics_.merges(), .partition = static_cast<int32_t>(p % static_cast<uint32_t>(partitions_)),
+                   .key = std::to_string(p), .value = bytes},
+                  next_token_++, 30000);
+    txn_->commit_transaction(60000);
+    log({{"event", "stop_record"}, {"fragment", p}, {"version", f.state.version}, {"held", record.dropped.size()}});
+  }
+}
+
+int MergerProcess::run() {
+  set_torch_threads(1);
+  if (!o_.run_dir.empty()) {
+    std::filesystem::create_directories(o_.run_dir);
+    log_ = std::make_unique<JsonLines>(o_.run_dir + "/metrics.jsonl");
+  }
+  endpoint_ = std::make_unique<MetricsEndpoint>(metrics_, o_.metrics_port);
+  wait_for_broker(o_.kafka);
+  publisher_ = std::make_unique<ParamsPublisher>(zmq_, o_.bind);
+  advertised_ = o_.advertise.empty() ? publisher_->bound_endpoint() : o_.advertise;
+
+  KafkaOptions kafka = o_.kafka;
+  kafka.client_id = o_.instance_id;
+  {
+    ConsumerOptions probe_options{.kafka = kafka};
+    Consumer probe(probe_options);
+    partitions_ = probe.partition_count(topics_.merges(), 10000);
+    int state_partitions = probe.partition_count(topics_.state(), 10000);
+    if (state_partitions != partitions_)
+      throw InvalidInput(topics_.state() + " has " + std::to_string(state_partitions) + " partitions but " +
+                         topics_.merges() + " has " + std::to_string(partitions_) + ": recreate the run's topics");
+  }
+  plain_ = std::make_unique<Producer>(ProducerOptions{.kafka = kafka}, nullptr);
+  // A short transaction timeout: an instance killed mid-transaction holds back read_committed
+  // readers of merges/state only until the broker aborts its transaction.
+  ProducerOptions txn_options{.kafka = kafka, .transactional_id = "diloco." + o_.config.run.id + ".merger." + o_.instance_id,
+                              .transaction_timeout_ms = 10000};
+  txn_ = std::make_unique<Producer>(txn_options, [this](const DeliveryReport& r) {
+    if (!r.ok) recover_needed_ = true;
+    delivered_[r.token] = r;
+  });
+  txn_->init_transactions(60000);
+  {
+    ConsumerOptions members_options{.kafka = kafka};
+    members_options.kafka.client_id = o_.instance_id + "-members";
+    members_ = std::make_unique<Consumer>(members_options);
+    members_->assign({{topics_.members(), 0, -2}});
+  }
+  ConsumerOptions group{.kafka = kafka, .group_id = "diloco." + o_.config.run.id + ".mergers",
+                        .topics = {topics_.deltas_pattern()}, .session_timeout_ms = o_.session_timeout_ms};
+  consumer_ = std::make_unique<Consumer>(group, this);
+  log({{"event", "start"}, {"endpoint", advertised_}, {"partitions", partitions_},
+       {"fragments", setup_.layout.num_fragments()}, {"fingerprint", setup_.layout.fingerprint}});
+  std::cerr << "merger " << o_.instance_id << ": publishing on " << advertised_ << ", joining group "
+            << group.group_id << "\n";
+
+  auto last_announce = Clock::now() - std::chrono::hours(1);
+  auto last_republish = Clock::now();
+  auto last_status = Clock::now();
+  int exit_code = 0;
+  try {
+    while (!stop_) {
+      auto message = consumer_->poll(owned_.empty() ? 200 : 5);
+      if (message) handle_delta(*message);
+      follow_members();
+      auto live = live_learners();
+      for (auto& [p, f] : owned_) {
+        if (!f.merger->poll(now(), live, grace_)) continue;
+        try {
+          merge(p);
+        } catch (const Fenced&) {
+          throw;
+        } catch (const Error& e) {
+          // The transaction did not commit: nothing of this merge is visible. Start over from
+          // the logs, the same path as a new owner.
+          std::cerr << "merger " << o_.instance_id << ": merge of fragment " << p << " failed, recovering: "
+                    << e.what() << "\n";
+          log({{"event", "merge_failed"}, {"fragment", p}, {"detail", e.what()}});
+          try {
+            txn_->abort_transaction(30000);
+          } catch (const Fenced&) {
+            throw;
+          } catch (const Error&) {
+            // Nothing open, or the broker is away: recovery below waits for it.
+          }
+          recover_needed_ = true;
+          break;
+        }
+      }
+      delivered_.clear();
+      while (recover_needed_ && !stop_) {
+        try {
+          recover_needed_ = false;
+          recover(assigned_);
+        } catch (const Unavailable& e) {
+          std::cerr << "merger " << o_.instance_id << ": broker unavailable, retrying recovery: " << e.what() << "\n";
+          recover_needed_ = true;
+          std::this_thread::sleep_for(std::chrono::seconds(1));
+        }
+      }
+      auto t = Clock::now();
+      if (t - last_announce > std::chrono::duration<double>(o_.announce_interval_s)) {
+        last_announce = t;
+        announce(false);
+      }
+      if (t - last_republish > std::chrono::duration<double>(o_.config.merger.republish_seconds)) {
+        last_republish = t;
+        for (auto& [p, f] : owned_) publish(p);
+      }
+      if (t - last_status > std::chrono::seconds(5)) {
+        last_status = t;
+        nlohmann::json versions = nlohmann::json::object();
+        for (const auto& [p, f] : owned_) versions[std::to_string(p)] = f.state.version;
+        metrics_.set("live_learners", static_cast<double>(live.size()));
+        log({{"event", "status"}, {"versions", versions}, {"live_learners", live.size()},
+             {"step_time", grace_.step_time()}, {"sync_time", grace_.sync_time()},
+             {"metrics", metrics_.snapshot()}});
+      }
+      plain_->poll(0);
+    }
+    stop_fragments();
+  } catch (const Fenced& e) {
+    std::cerr << "merger " << o_.instance_id << ": fenced by a newer instance, stopping without committing: "
+              << e.what() << "\n";
+    log({{"event", "fenced"}, {"detail", e.what()}});
+    exit_code = 4;
+  }
+  announce(true);
+  plain_->flush(5000);
+  log({{"event", "stop"}, {"exit_code", exit_code}});
+  return exit_code;
+}
+
+}  // namespace
+
+int run_merger(const MergerOptions& options, const std::atomic<bool>& stop) {
+  MergerProcess process(options, stop);
+  return process.run();
+}
+
+}  // namespace diloco

@@ -1,0 +1,154 @@
+#include "merger/recovery.h"
+
+#include <algorithm>
+
+#include "core/kafka/consumer.h"
+
+namespace diloco {
+
+MergeRule merge_rule(const RunConfig& config) {
+  return config.merger.rule == "avg" ? MergeRule::WeightedAverage : MergeRule::RadialDirectional;
+}
+
+OuterOptimizerKind outer_optimizer(const RunConfig& config) {
+  return config.merger.optimizer == "sgd" ? OuterOptimizerKind::Sgd : OuterOptimizerKind::Nesterov;
+}
+
+OuterHyper outer_hyper(const RunConfig& config) {
+  const auto& m = config.merger;
+  return OuterHyper{.lr = static_cast<float>(m.outer_lr),
+                    .momentum = static_cast<float>(m.outer_momentum),
+                    .staleness_alpha = static_cast<float>(m.staleness_alpha),
+                    .max_staleness = m.max_staleness < 0 ? std::numeric_limits<uint32_t>::max()
+                                                         : static_cast<uint32_t>(m.max_staleness),
+                    .quorum = m.quorum};
+}
+
+void account(std::map<std::string, uint64_t>& accounted, const MergeRecord& record) {
+  auto note = [&](const DeltaRef& ref) {
+    auto& seq = accounted[ref.learner_id];
+    seq = std::max(seq, ref.seq);
+  };
+  for (const auto& in : record.inputs) note(in);
+  for (const auto& d : record.dropped)
+    if (d.reason != DropReason::PendingAtStop) note(d.delta);
+}
+
+std::string describe(const LogPosition& p) {
+  return p.topic + "[" + std::to_string(p.partition) + "]@" + std::to_string(p.offset);
+}
+
+void apply_logged_merge(const LogContext& ctx, FragmentState& state, const LoggedMerge& merge) {
+  const MergeRecord& r = merge.record;
+  if (r.prev_version != state.version)
+    throw InvalidInput("merge record at " + describe(merge.position) + " continues version " +
+                       std::to_string(r.prev_version) + " but fragment " + std::to_string(state.fragment) +
+                       " is at version " + std::to_string(state.version));
+  if (!is_merge(r)) {
+    account(state.accounted, r);
+    return;
+  }
+  std::vector<TopicPartitionOffset> wanted;
+  for (const auto& in : r.inputs) wanted.push_back({in.position.topic, in.position.partition, in.position.offset});
+  auto messages = fetch_positions(ctx.kafka, wanted, ctx.timeout_ms);
+  std::map<std::tuple<std::string, int32_t, int64_t>, const ConsumedMessage*> by_position;
+  for (const auto& m : messages) by_position[{m.topic, m.partition, m.offset}] = &m;
+
+  std::vector<std::vector<DenseTensor>> tensors;
+  tensors.reserve(r.inputs.size());
+  for (const auto& in : r.inputs) {
+    auto it = by_position.find({in.position.topic, in.position.partition, in.position.offset});
+    if (it == by_position.end())
+      throw InvalidInput("delta " + describe(in.position) + " named by the merge record at " +
+                         describe(merge.position) + " is missing from the log (deleted by retention?)");
+    Delta d = decode_delta(it->second->value, ctx.limits);
+    if (d.header.learner_id != in.learner_id || d.header.seq != in.seq)
+      throw InvalidInput("delta " + describe(in.position) + " is not the one the merge record at " +
+                         describe(merge.position) + " names (learner " + d.header.learner_id + " seq " +
+                         std::to_string(d.header.seq) + ")");
+    tensors.push_back(std::move(d.tensors));
+  }
+  std::vector<MergeInput> inputs;
+  for (size_t i = 0; i < r.inputs.size(); ++i) inputs.push_back(MergeInput{r.inputs[i], tensors[i]});
+  MergeOptions options{.rule = r.rule, .optimizer = r.optimizer, .hyper = r.hyper,
+                       .tensors = ctx.setup->layout.fragments.at(state.fragment)};
+  FragmentState next;
+  MergeRecord rebuilt = merge_step(state, inputs, options, next);
+  if (rebuilt.checksum != r.checksum)
+    throw InvalidInput("rebuilding version " + std::to_string(r.version) + " of fragment " +
+                       std::to_string(state.fragment) + " from the merge record at " + describe(merge.position) +
+                       " gives checksum " + std::to_string(rebuilt.checksum) + ", the record says " +
+                       std::to_string(r.checksum) + ": the logs are inconsistent (diloco-replay verify shows where)");
+  next.consumed = state.consumed;
+  next.accounted = std::move(state.accounted);
+  account(next.accounted, r);
+  next.last_merge = merge.position;
+  state = std::move(next);
+}
+
+std::vector<LoggedMerge> read_merges(const LogContext& ctx, int32_t partition, int64_t from_offset,
+                                     const std::function<void(const LogPosition&, const std::string&)>& rejected) {
+  std::vector<LoggedMerge> out;
+  read_partitions_to_end(
+      ctx.kafka, {{ctx.topics.merges(), partition, from_offset}},
+      [&](const ConsumedMessage& m) {
+        LogPosition position{m.topic, m.partition, m.offset};
+        try {
+          out.push_back(LoggedMerge{decode_merge_record(m.value, ctx.limits), position});
+        } catch (const Rejection& e) {
+          if (rejected) rejected(position, e.what());
+        }
+      },
+      ctx.timeout_ms);
+  return out;
+}
+
+std::map<uint32_t, RecoveredFragment> recover_partition(const LogContext& ctx, int32_t partition,
+                                                        std::span<const uint32_t> fragments) {
+  std::map<uint32_t, RecoveredFragment> out;
+  for (uint32_t p : fragments) out[p];
+  // Newest checkpoint of each fragment (the topic is compacted by fragment id, but until the
+  // cleaner runs older versions are still there: keep the highest).
+  read_partitions_to_end(
+      ctx.kafka, {{ctx.topics.state(), partition, -2}},
+      [&](const ConsumedMessage& m) {
+        if (m.tombstone) return;
+        try {
+          FragmentState s = decode_fragment_state(m.value, ctx.limits);
+          auto it = out.find(s.fragment);
+          if (it != out.end() && (it->second.state.run_id.empty() || s.version >= it->second.state.version))
+            it->second.state = std::move(s);
+        } catch (const Rejection&) {
+          // A corrupt checkpoint is skipped: an older one plus the merge log rebuilds the same.
+        }
+      },
+      ctx.timeout_ms);
+  int64_t from = -1;
+  for (auto& [p, f] : out) {
+    if (f.state.run_id.empty()) {
+      f.state = genesis_state(*ctx.config, *ctx.setup, p);
+      f.from_genesis = true;
+    }
+    int64_t start = f.state.last_merge ? f.state.last_merge->offset + 1 : 0;
+    from = from < 0 ? start : std::min(from, start);
+  }
+  if (out.empty()) return out;
+  for (const auto& merge : read_merges(ctx, partition, from < 0 ? -2 : from)) {
+    auto it = out.find(merge.record.fragment);
+    if (it == out.end()) continue;
+    auto& f = it->second;
+    // Records at or before the checkpoint are already in it.
+    if (f.state.last_merge && merge.position.offset <= f.state.last_merge->offset) continue;
+    if (merge.record.prev_version != f.state.version) {
+      if (merge.record.version <= f.state.version) continue;  // older than the checkpoint
+      throw InvalidInput("fragment " + std::to_string(f.state.fragment) + ": merge record at " +
+                         describe(merge.position) + " continues version " + std::to_string(merge.record.prev_version) +
+                         " but the log reached only version " + std::to_string(f.state.version));
+    }
+    apply_logged_merge(ctx, f.state, merge);
+    f.replayed.push_back(merge.record);
+  }
+  return out;
+}
+
+}  // namespace diloco

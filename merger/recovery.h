@@ -1,0 +1,74 @@
+// Rebuilding fragments from the durable logs (ARCHITECTURE.md section 7): the state of fragment p
+// at version v is its last checkpoint at or before v, then the merge records after it applied in
+// order, each naming its input deltas by Kafka position. A merger taking over a partition after a
+// rebalance, a restarted merger and diloco-replay all run this code.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "core/codec/messages.h"
+#include "core/config/run_config.h"
+#include "core/kafka/options.h"
+#include "core/kafka/topics.h"
+#include "core/train/model_setup.h"
+#include "merger/merge_step.h"
+
+namespace diloco {
+
+// The merge rule and optimizer named in a run config (merger section).
+MergeRule merge_rule(const RunConfig& config);
+OuterOptimizerKind outer_optimizer(const RunConfig& config);
+OuterHyper outer_hyper(const RunConfig& config);
+
+struct LogContext {
+  KafkaOptions kafka;
+  RunTopics topics;
+  const RunConfig* config = nullptr;
+  const ModelSetup* setup = nullptr;
+  DecodeLimits limits;
+  int timeout_ms = 120000;
+};
+
+// A merge record as read from `merges`, with where it was read.
+struct LoggedMerge {
+  MergeRecord record;
+  LogPosition position;
+};
+
+// A merge record that changes the parameters (an accounting-only record, written at a clean stop,
+// keeps the version and lists only dropped and pending deltas).
+inline bool is_merge(const MergeRecord& r) { return !r.inputs.empty(); }
+
+// Applies one logged merge to `state` (at version record.prev_version): fetches and decodes the
+// input deltas, re-runs merge_step with the record's rule, optimizer and weights, and checks the
+// result's checksum against the record. Updates `state` in place (version, params, momentum,
+// checksum, last_merge, accounted). Throws InvalidInput when a delta is missing or the checksum
+// differs, naming the record's position.
+void apply_logged_merge(const LogContext& ctx, FragmentState& state, const LoggedMerge& merge);
+
+// Updates `accounted` with what a record accounts for: its inputs and its final drops
+// (PendingAtStop deltas stay unaccounted: a later owner merges them).
+void account(std::map<std::string, uint64_t>& accounted, const MergeRecord& record);
+
+struct RecoveredFragment {
+  FragmentState state;          // the newest version the logs hold (or genesis)
+  bool from_genesis = false;    // no checkpoint existed: `state` is version 0, not yet written
+  std::vector<MergeRecord> replayed;  // records applied after the checkpoint, in order
+};
+
+// Rebuilds every fragment in `fragments` (all stored in state/merges partition `partition`).
+std::map<uint32_t, RecoveredFragment> recover_partition(const LogContext& ctx, int32_t partition,
+                                                        std::span<const uint32_t> fragments);
+
+// Every merge record of a partition from `from_offset` (-2: beginning), in log order; records
+// that fail strict decoding are passed to `rejected` (position, reason) and skipped.
+std::vector<LoggedMerge> read_merges(const LogContext& ctx, int32_t partition, int64_t from_offset,
+                                     const std::function<void(const LogPosition&, const std::string&)>& rejected = {});
+
+}  // namespace diloco

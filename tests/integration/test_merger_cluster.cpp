@@ -1,0 +1,171 @@
+// Real broker, real merger and learner processes, real signals: the loop closes (versions
+// advance, learners adopt, loss falls), a merger killed with SIGKILL is replaced without losing or
+// double-merging a delta, and two mergers split the fragments and fail over to each other.
+#include <catch2/catch.hpp>
+
+#include <memory>
+
+#include "core/kafka/consumer.h"
+#include "tests/integration/child_process.h"
+#include "tests/integration/run_audit.h"
+#include "tests/integration/run_fixture.h"
+
+using namespace diloco;
+using namespace std::chrono_literals;
+
+namespace {
+
+struct Cluster {
+  KafkaOptions kafka = testing::require_broker();
+  std::string run = testing::unique_run_id("cluster");
+  std::vector<std::string> regions = {"r0", "r1"};
+  RunTopics topics = testing::create_run(kafka, run, regions, 2);
+  std::string dir = testing::temp_dir("cluster");
+  std::vector<std::string> sets = {"--set", "run.id=\"" + run + "\"", "--set", "train.eval_every=50", "--set",
+                                   "merger.checkpoint_every=3"};
+  RunConfig config = testing::tiny_config(run, {"train.eval_every=50", "merger.checkpoint_every=3"});
+
+  std::unique_ptr<testing::ChildProcess> merger(const std::string& id) {
+    std::vector<std::string> args = {testing::merger_binary(), "-c", testing::tiny_config_path(), "--id", id,
+                                     "--bootstrap", kafka.bootstrap_servers, "--run-dir", dir + "/" + id,
+                                     "--session-timeout-ms", "6000"};
+    args.insert(args.end(), sets.begin(), sets.end());
+    return std::make_unique<testing::ChildProcess>(args, dir + "/" + id + ".log");
+  }
+  std::unique_ptr<testing::ChildProcess> learner(int index, int count, int steps) {
+    std::string id = "L" + std::to_string(index);
+    std::vector<std::string> args = {testing::learner_binary(), "-c", testing::tiny_config_path(), "--id", id,
+                                     "--index", std::to_string(index), "--learners", std::to_string(count),
+                                     "--region", regions[static_cast<size_t>(index) % regions.size()], "--regions", "r0,r1",
+                                     "--bootstrap", kafka.bootstrap_servers, "--steps", std::to_string(steps),
+                                     "--run-dir", dir + "/" + id, "--log-every", "10"};
+    args.insert(args.end(), sets.begin(), sets.end());
+    return std::make_unique<testing::ChildProcess>(args, dir + "/" + id + ".log");
+  }
+  std::string metrics(const std::string& id) const { return dir + "/" + id + "/metrics.jsonl"; }
+  size_t count(const std::string& id, const std::string& event) const {
+    size_t n = 0;
+    for (const auto& j : testing::read_json_lines(metrics(id)))
+      if (j.value("event", "") == event) ++n;
+    return n;
+  }
+  // Latest announcement of each merger in `members`.
+  std::map<std::string, Member> mergers() const {
+    ModelSetup setup = build_model(config);
+    DecodeLimits limits{.run_id = run, .fingerprint = setup.layout.fingerprint, .layout = &setup.layout};
+    std::map<std::string, Member> out;
+    read_to_end(kafka, {topics.members()}, [&](const ConsumedMessage& m) {
+      if (m.tombstone) return;
+      Member member = decode_member(m.value, limits);
+      if (member.role == Role::Merger) out[member.instance_id] = member;
+    }, 30000);
+    return out;
+  }
+};
+
+void require_clean_exit(testing::ChildProcess& p, std::chrono::seconds limit) {
+  auto code = p.wait_exit(limit);
+  INFO(p.log());
+  REQUIRE(code.has_value());
+  CHECK(*code == 0);
+}
+
+}  // namespace
+
+TEST_CASE("3 learners and 1 merger: versions advance, learners adopt them, held-out loss falls", "[merger][cluster]") {
+  Cluster c;
+  auto merger = c.merger("M0");
+  std::vector<std::unique_ptr<testing::ChildProcess>> learners;
+  for (int i = 0; i < 3; ++i) learners.push_back(c.learner(i, 3, 200));
+  for (auto& l : learners) require_clean_exit(*l, 180s);
+  merger->signal(SIGTERM);
+  require_clean_exit(*merger, 60s);
+
+  INFO(merger->log());
+  CHECK(c.count("M0", "merge") >= 12);
+  for (int i = 0; i < 3; ++i) {
+    std::string id = "L" + std::to_string(i);
+    CHECK(c.count(id, "adopt") >= 4);
+    std::vector<double> evals;
+    for (const auto& j : testing::read_json_lines(c.metrics(id)))
+      if (j.value("event", "") == "eval") evals.push_back(j["eval_loss"]);
+    REQUIRE(evals.size() >= 3);
+    CHECK(evals.back() < evals.front());
+    CHECK(evals.back() < 2.6);
+  }
+  auto audit = testing::audit_run(c.kafka, c.config, c.regions);
+  INFO(audit.report());
+  CHECK(audit.ok());
+  for (uint32_t p = 0; p < 4; ++p) CHECK(audit.versions[p].size() >= 3);
+}
+
+TEST_CASE("a merger killed with SIGKILL is replaced: it rebuilds and every delta is merged once or dropped", "[merger][cluster][recovery]") {
+  Cluster c;
+  auto first = c.merger("M0");
+  std::vector<std::unique_ptr<testing::ChildProcess>> learners;
+  for (int i = 0; i < 3; ++i) learners.push_back(c.learner(i, 3, 600));
+  REQUIRE(testing::eventually([&] { return c.count("M0", "merge") >= 10; }, 120s));
+  first->signal(SIGKILL);
+  REQUIRE(first->wait_exit(10s).has_value());
+  size_t merges_before = c.count("M0", "merge");
+
+  auto second = c.merger("M0");  // same instance id: the restarted process fences any leftover
+  REQUIRE(testing::eventually([&] { return c.count("M0", "merge") > merges_before + 5; }, 120s));
+  auto recovered = testing::last_event(c.metrics("M0"), "recovered");
+  REQUIRE(recovered.has_value());
+  for (auto& l : learners) require_clean_exit(*l, 240s);
+  second->signal(SIGTERM);
+  require_clean_exit(*second, 60s);
+
+  auto audit = testing::audit_run(c.kafka, c.config, c.regions);
+  INFO(audit.report());
+  CHECK(audit.ok());
+  CHECK(audit.merges >= 15);
+}
+
+TEST_CASE("two mergers own disjoint fragments; kill one and the other owns all, no version goes back", "[merger][cluster][failover]") {
+  Cluster c;
+  auto a = c.merger("MA");
+  auto b = c.merger("MB");
+  std::vector<std::unique_ptr<testing::ChildProcess>> learners;
+  for (int i = 0; i < 2; ++i) learners.push_back(c.learner(i, 2, 1000));
+
+  auto owners = [&] {
+    std::map<uint32_t, std::string> owner;
+    std::vector<std::string> problems;
+    for (const auto& [id, m] : c.mergers())
+      for (uint32_t p : m.owned_fragments)
+        if (!owner.emplace(p, id).second) problems.push_back("fragment " + std::to_string(p) + " owned twice");
+    return std::make_pair(owner, problems);
+  };
+  bool split = testing::eventually([&] {
+    auto [owner, problems] = owners();
+    std::set<std::string> instances;
+    for (const auto& [p, id] : owner) instances.insert(id);
+    return problems.empty() && owner.size() == 4 && instances.size() == 2;
+  }, 90s);
+  INFO(a->log() << "\n" << b->log());
+  REQUIRE(split);
+  REQUIRE(testing::eventually([&] { return c.count("MA", "merge") + c.count("MB", "merge") >= 8; }, 90s));
+
+  a->signal(SIGKILL);
+  REQUIRE(a->wait_exit(10s).has_value());
+  auto killed_at = std::chrono::steady_clock::now();
+  bool took_over = testing::eventually([&] {
+    auto members = c.mergers();
+    return members.count("MB") && members["MB"].owned_fragments.size() == 4;
+  }, 60s);
+  REQUIRE(took_over);
+  double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - killed_at).count();
+  WARN("failover: MB owned every fragment " << seconds << " s after MA was killed");
+  size_t merges_b = c.count("MB", "merge");
+  CHECK(testing::eventually([&] { return c.count("MB", "merge") > merges_b + 4; }, 60s));
+
+  for (auto& l : learners) l->signal(SIGTERM);
+  for (auto& l : learners) require_clean_exit(*l, 60s);
+  b->signal(SIGTERM);
+  require_clean_exit(*b, 60s);
+  auto audit = testing::audit_run(c.kafka, c.config, c.regions);
+  INFO(audit.report());
+  CHECK(audit.ok());
+}
