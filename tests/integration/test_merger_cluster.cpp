@@ -6,6 +6,7 @@
 #include <memory>
 
 #include "core/kafka/consumer.h"
+#include "core/kafka/producer.h"
 #include "tests/integration/child_process.h"
 #include "tests/integration/run_audit.h"
 #include "tests/integration/run_fixture.h"
@@ -168,4 +169,50 @@ TEST_CASE("two mergers own disjoint fragments; kill one and the other owns all, 
   auto audit = testing::audit_run(c.kafka, c.config, c.regions);
   INFO(audit.report());
   CHECK(audit.ok());
+}
+
+TEST_CASE("hostile deltas are rejected with a reason, written to `rejected`, and change no state", "[merger][hostile]") {
+  Cluster c;
+  auto merger = c.merger("M0");
+  REQUIRE(testing::eventually([&] { return c.count("M0", "genesis") == 4; }, 60s));
+  ModelSetup setup = build_model(c.config);
+
+  std::vector<std::vector<uint8_t>> payloads;
+  payloads.push_back({'n', 'o', 't', ' ', 'z', 's', 't', 'd'});
+  DeltaHeader h{.run_id = c.run, .fingerprint = setup.layout.fingerprint ^ 7, .learner_id = "evil", .region = "r0",
+                .fragment = 0, .seq = 1, .base_version = 0, .inner_steps = 1, .tokens = 1024, .learner_step = 1};
+  auto tensors = fragment_tensors(setup.model, setup.layout, 0);
+  payloads.push_back(encode_delta(h, std::span<const DenseTensor>(tensors), CodecOptions{}));  // wrong fingerprint
+  h.fingerprint = setup.layout.fingerprint;
+  h.run_id = "another-run";
+  payloads.push_back(encode_delta(h, std::span<const DenseTensor>(tensors), CodecOptions{}));  // wrong run
+  h.run_id = c.run;
+  for (auto& t : tensors) t.values[0] = std::numeric_limits<float>::quiet_NaN();
+  CodecOptions fp32{.dtype = DType::F32};
+  payloads.push_back(encode_delta(h, std::span<const DenseTensor>(tensors), fp32));  // NaN
+  {
+    Producer producer({.kafka = c.kafka}, nullptr);
+    for (const auto& p : payloads)
+      producer.produce({.topic = c.topics.deltas("r0"), .partition = 0, .key = "0", .value = p}, 0, 10000);
+    REQUIRE(producer.flush(20000) == 0);
+  }
+  std::vector<RejectedInput> rejected;
+  DecodeLimits limits{.run_id = c.run, .fingerprint = setup.layout.fingerprint, .layout = &setup.layout};
+  bool all = testing::eventually([&] {
+    rejected.clear();
+    read_to_end(c.kafka, {c.topics.rejected()}, [&](const ConsumedMessage& m) { rejected.push_back(decode_rejected(m.value, limits)); }, 30000);
+    return rejected.size() == payloads.size();
+  }, 60s);
+  INFO(merger->log());
+  REQUIRE(all);
+  std::multiset<std::string> reasons;
+  for (const auto& r : rejected) reasons.insert(r.reason);
+  CHECK(reasons.count("not_zstd") == 1);
+  CHECK(reasons.count("wrong_fingerprint") == 1);
+  CHECK(reasons.count("wrong_run_id") == 1);
+  CHECK(reasons.count("non_finite") == 1);
+  CHECK(merger->running());
+  CHECK(c.count("M0", "merge") == 0);  // nothing merged from them
+  merger->signal(SIGTERM);
+  require_clean_exit(*merger, 60s);
 }

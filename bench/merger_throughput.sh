@@ -1,0 +1,278 @@
+#!/usr/bin/env bash
+# Merger throughput (1 and 2 instances) and failover time, on the real broker.
+#
+#   bench/merger_throughput.sh [--config configs/demo.toml] [--rounds 150] [--learners 4]
+#                              [--timeouts "10000 6000"] [--pace 0.25]
+#                              [--only throughput|failover] [--keep] [--keep-topics]
+#
+# Throughput: a fresh run (region r0, 4 partitions) is pre-filled by bench-produce_deltas with
+# --rounds rounds of --learners fake learners for each of the model's 4 fragments (int4 deltas of
+# the config's real model and layout, see bench/produce_deltas.cc), then the merger(s) start with
+# merger.quorum = --learners and drain the backlog. Each delta of round r has base version r, so
+# every merge takes exactly one delta of each fake learner, at staleness 0, and every delta is
+# merged (the script checks that the merged inputs add up to the deltas produced). Rates are taken
+# from the mergers' metrics.jsonl over the window in which every instance is merging in steady
+# state: from each instance's first merge after its last assignment (that first merge, which
+# carries the transaction start-up, is excluded) to the earliest last merge of the instances.
+# MB/s = 10^6 bytes of fp32 delta values (fragment size x 4 bytes) merged per second: decode,
+# checks, merge arithmetic, outer step, transaction (merge record, a checkpoint every
+# merger.checkpoint_every versions, offsets) and the ZeroMQ publish of the new fragment included.
+# Three cases: 1 instance with quorum K, 2 instances with quorum K, 1 instance with quorum 1 (one
+# transaction per delta: the worst case for commit overhead).
+#
+# Failover: 2 instances (--session-timeout-ms from --timeouts, one case each), a steady stream of
+# rounds (one every --pace seconds), both instances merging; then kill -9 of one instance and the
+# time from the kill to the first merge, by the survivor, of a fragment the killed one owned.
+#
+# Needs a running broker (scripts/broker start) and the build (build/bin/diloco-merger,
+# build/bin/bench-produce_deltas). Never starts or stops the broker; kills every process it started
+# on exit; deletes the topics of its runs at the end unless --keep-topics.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+BIN="${DILOCO_BIN:-$ROOT/build/bin}"
+BOOTSTRAP="${DILOCO_BOOTSTRAP:-127.0.0.1:19092}"
+
+config="configs/demo.toml" rounds=150 learners=4 timeouts="10000 6000" pace=0.25 only="" keep=0 keep_topics=0
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --config) config="$2"; shift 2 ;;
+    --rounds) rounds="$2"; shift 2 ;;
+    --learners) learners="$2"; shift 2 ;;
+    --timeouts) timeouts="$2"; shift 2 ;;
+    --pace) pace="$2"; shift 2 ;;
+    --only) only="$2"; shift 2 ;;
+    --keep) keep=1; shift ;;
+    --keep-topics) keep_topics=1; shift ;;
+    -h|--help) sed -n '2,30p' "$0"; exit 0 ;;
+    *) echo "unknown option $1" >&2; exit 2 ;;
+  esac
+done
+
+cd "$ROOT"
+for b in diloco-merger bench-produce_deltas; do
+  [[ -x "$BIN/$b" ]] || { echo "missing $BIN/$b: cmake --build build" >&2; exit 1; }
+done
+OUT="$(mktemp -d /tmp/diloco-merger-bench.XXXXXX)"
+PIDS=()
+RUNS=()
+
+forget() { local rest=() p; for p in "${PIDS[@]}"; do [[ "$p" == "$1" ]] || rest+=("$p"); done; PIDS=("${rest[@]}"); }
+stop_pid() {  # pid: SIGTERM, up to 30 s, then SIGKILL
+  kill -TERM "$1" 2>/dev/null || true
+  for _ in $(seq 1 300); do kill -0 "$1" 2>/dev/null || break; sleep 0.1; done
+  kill -KILL "$1" 2>/dev/null || true
+  wait "$1" 2>/dev/null || true
+  forget "$1"
+}
+delete_topics() {
+  if ((keep_topics || ${#RUNS[@]} == 0)); then return 0; fi
+  source "$ROOT/scripts/lib.sh"
+  local lib; lib="$(kafka_lib_dir)"
+  local run
+  for run in "${RUNS[@]}"; do
+    java -Xmx256m -XX:TieredStopAtLevel=1 -Dlog4j2.configurationFile="$ROOT/broker_config/log4j2-tools.yaml" \
+      -cp "$lib/*" org.apache.kafka.tools.TopicCommand --bootstrap-server "$BOOTSTRAP" --delete \
+      --topic "diloco\\.$run\\..*" >/dev/null 2>&1 || echo "could not delete the topics of run $run" >&2
+  done
+}
+cleanup() {
+  local pid
+  for pid in "${PIDS[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
+  for pid in "${PIDS[@]}"; do
+    for _ in $(seq 1 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+    kill -KILL "$pid" 2>/dev/null || true
+    wait "$pid" 2>/dev/null || true
+  done
+  PIDS=()
+  delete_topics
+  if ((keep)); then echo "kept $OUT" >&2; else rm -rf "$OUT"; fi
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+new_run() {  # prefix -> sets RUN to a fresh run id and creates its topics
+  RUN="$1$(date +%s%N | cut -c8-15)"
+  scripts/broker topics --run "$RUN" --regions r0 --partitions 4 >/dev/null 2>&1
+  RUNS+=("$RUN")
+}
+
+start_merger() {  # run id session_timeout quorum -> sets MERGER_PID
+  local run="$1" id="$2" timeout="$3" quorum="$4"
+  "$BIN/diloco-merger" -c "$config" --set "run.id=\"$run\"" --set "merger.quorum=$quorum" --id "$id" \
+    --bootstrap "$BOOTSTRAP" --run-dir "$OUT/$run/$id" --session-timeout-ms "$timeout" >"$OUT/$run/$id.log" 2>&1 &
+  MERGER_PID=$!
+  PIDS+=("$MERGER_PID")
+}
+
+merged_inputs() {  # run dir -> total inputs over every merge event of every instance
+  { cat "$1"/*/metrics.jsonl 2>/dev/null || true; } | jq -s '[.[] | select(.event == "merge") | .inputs | length] | add // 0'
+}
+
+cpu_seconds() {  # pid -> user+system CPU seconds so far
+  awk -v hz="$(getconf CLK_TCK)" '{print ($14 + $15) / hz}' "/proc/$1/stat" 2>/dev/null || echo 0
+}
+
+echo "# merger_throughput: $(date -u) | nproc $(nproc) | $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ //')"
+echo "# config $config, $learners fake learners, $rounds rounds; load: $(cut -d' ' -f1-3 /proc/loadavg)"
+
+throughput_case() {  # instances quorum
+  local instances="$1" quorum="$2" run i
+  new_run mt; run="$RUN"
+  mkdir -p "$OUT/$run"
+  "$BIN/bench-produce_deltas" -c "$config" --set "run.id=\"$run\"" --learners "$learners" --rounds "$rounds" \
+    --region r0 --bootstrap "$BOOTSTRAP" --summary "$OUT/$run/produced.json" 2>"$OUT/$run/producer.log"
+  local total; total="$(jq .deltas "$OUT/$run/produced.json")"
+  local pids=() load; load="$(cut -d' ' -f1 /proc/loadavg)"
+  for ((i = 0; i < instances; i++)); do
+    start_merger "$run" "M$i" 10000 "$quorum"
+    pids+=("$MERGER_PID")
+  done
+  local done_ok=0 last=-1 still=0
+  while true; do
+    local n; n="$(merged_inputs "$OUT/$run")"
+    ((n >= total)) && { done_ok=1; break; }
+    if ((n == last)); then ((still += 1)); else still=0; last=$n; fi
+    ((still < 240)) || break  # 60 s without progress
+    for p in "${pids[@]}"; do kill -0 "$p" 2>/dev/null || { cat "$OUT/$run"/*.log >&2; return 1; }; done
+    sleep 0.25
+  done
+  local cpu=()
+  for p in "${pids[@]}"; do cpu+=("$(cpu_seconds "$p")"); done
+  # Stop every instance at once: stopping one first would hand its fragments to the other.
+  for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
+  for p in "${pids[@]}"; do stop_pid "$p"; done
+  ((done_ok)) || echo "WARNING: run $run merged only $(merged_inputs "$OUT/$run") of $total deltas" >&2
+  python3 - "$OUT/$run" "$instances" "$quorum" "$load" "${cpu[*]}" <<'PY'
+import json, sys, glob, os
+d, instances, quorum, load, cpu = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5].split()
+produced = json.load(open(f"{d}/produced.json"))
+frag_bytes = produced["fp32_bytes_per_fragment"]
+inst = {}
+for f in sorted(glob.glob(f"{d}/*/metrics.jsonl")):
+    ev = [json.loads(l) for l in open(f)]
+    name = os.path.basename(os.path.dirname(f))
+    merges = [e for e in ev if e["event"] == "merge"]
+    assigned = [e for e in ev if e["event"] == "assigned" and e["time_us"] < merges[-1]["time_us"]]
+    last_assigned = assigned[-1]["time_us"]
+    steady = [e for e in merges if e["time_us"] > last_assigned]
+    inst[name] = dict(merges=merges, steady=steady, first=ev[0]["time_us"], assigned=assigned,
+                      start=steady[0]["time_us"], end=steady[-1]["time_us"],
+                      partitions=assigned[-1]["partitions"],
+                      recovered=[e for e in ev if e["event"] == "recovered"])
+start = max(i["start"] for i in inst.values())
+end = min(i["end"] for i in inst.values())
+win = [m for i in inst.values() for m in i["merges"] if start < m["time_us"] <= end]
+deltas = sum(len(m["inputs"]) for m in win)
+fp32 = sum(len(m["inputs"]) * frag_bytes[m["fragment"]] for m in win)
+secs = (end - start) / 1e6
+all_merges = [m for i in inst.values() for m in i["merges"]]
+merged = sum(len(m["inputs"]) for m in all_merges)
+dropped = sum(len(m["dropped"]) for m in all_merges)
+t0 = min(i["first"] for i in inst.values())
+t_last = max(i["end"] for i in inst.values())
+wire = produced["wire_bytes_per_delta"]
+print(f"\n{instances} instance(s), quorum {quorum}: {produced['deltas']} deltas produced "
+      f"({produced['learners']} learners x {produced['fragments']} fragments x {produced['rounds']} rounds; "
+      f"fp32 {frag_bytes} bytes per fragment, {wire} wire bytes per delta), "
+      f"{merged} merged, {dropped} dropped, {len(all_merges)} merges; load1 at start {load}")
+for name, i in inst.items():
+    s = i["steady"]
+    n = sum(len(m["inputs"]) for m in s[1:])
+    b = sum(len(m["inputs"]) * frag_bytes[m["fragment"]] for m in s[1:])
+    t = (i["end"] - i["start"]) / 1e6
+    rec = [r for r in i["recovered"] if r["time_us"] <= i["start"]]
+    print(f"  {name}: partitions {i['partitions']} after {len(i['assigned'])} assignment(s); steady window {t:.2f} s: "
+          f"{n} deltas, {n / t:.1f} deltas/s, {(len(s) - 1) / t:.1f} merges/s, {b / t / 1e6:.1f} MB/s fp32")
+print(f"  together (window where every instance merges, {secs:.2f} s): {deltas} deltas, {deltas / secs:.1f} deltas/s, "
+      f"{len(win) / secs:.1f} merges/s, {fp32 / secs / 1e6:.1f} MB/s fp32 ({deltas * wire / secs / 1e6:.1f} MB/s on the wire)")
+print(f"  end to end (first process start to last merge, recovery and rebalances included): {(t_last - t0) / 1e6:.2f} s; "
+      f"merger CPU seconds {' + '.join(cpu)}")
+PY
+}
+
+failover_case() {  # session timeout ms
+  local timeout="$1" run
+  new_run fo; run="$RUN"
+  mkdir -p "$OUT/$run"
+  start_merger "$run" MA "$timeout" "$learners"; local a=$MERGER_PID
+  start_merger "$run" MB "$timeout" "$learners"; local b=$MERGER_PID
+  "$BIN/bench-produce_deltas" -c "$config" --set "run.id=\"$run\"" --learners "$learners" --rounds 1000000 \
+    --pace "$pace" --region r0 --bootstrap "$BOOTSTRAP" 2>"$OUT/$run/producer.log" &
+  local producer=$!
+  PIDS+=("$producer")
+  # Steady state: both instances own 2 partitions and have merged at least 3 times since.
+  local ready=0
+  for _ in $(seq 1 480); do
+    ready="$(python3 - "$OUT/$run" <<'PY'
+import json, sys, glob
+ok = 0
+for f in glob.glob(f"{sys.argv[1]}/*/metrics.jsonl"):
+    ev = [json.loads(l) for l in open(f)]
+    a = [e for e in ev if e["event"] == "assigned"]
+    if a and len(a[-1]["partitions"]) == 2 and sum(1 for e in ev if e["event"] == "merge" and e["time_us"] > a[-1]["time_us"]) >= 3:
+        ok += 1
+print(1 if ok == 2 else 0)
+PY
+)"
+    ((ready)) && break
+    sleep 0.25
+  done
+  ((ready)) || { echo "failover: the two mergers never settled" >&2; return 1; }
+  sleep 3
+  kill -KILL "$a"
+  local kill_us; kill_us="$(date +%s%6N)"
+  wait "$a" 2>/dev/null || true
+  forget "$a"
+  local found=0
+  for _ in $(seq 1 360); do
+    found="$(python3 - "$OUT/$run" "$kill_us" <<'PY'
+import json, sys
+d, kill = sys.argv[1], int(sys.argv[2])
+a = [json.loads(l) for l in open(f"{d}/MA/metrics.jsonl")]
+victim = set(p for p in [e for e in a if e["event"] == "assigned"][-1]["partitions"])
+b = [json.loads(l) for l in open(f"{d}/MB/metrics.jsonl")]
+print(1 if any(e["event"] == "merge" and e["time_us"] > kill and e["fragment"] % 4 in victim for e in b) else 0)
+PY
+)"
+    ((found)) && break
+    sleep 0.25
+  done
+  stop_pid "$producer"
+  stop_pid "$b"
+  python3 - "$OUT/$run" "$kill_us" "$timeout" <<'PY'
+import json, sys
+d, kill, timeout = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+a = [json.loads(l) for l in open(f"{d}/MA/metrics.jsonl")]
+b = [json.loads(l) for l in open(f"{d}/MB/metrics.jsonl")]
+victim = sorted(set([e for e in a if e["event"] == "assigned"][-1]["partitions"]))
+last_a = max(e["time_us"] for e in a if e["event"] == "merge")
+after = [e for e in b if e["time_us"] > kill]
+def first(pred):
+    for e in after:
+        if pred(e): return (e["time_us"] - kill) / 1e6
+    return None
+revoked = first(lambda e: e["event"] == "revoked")
+assigned = first(lambda e: e["event"] == "assigned")
+rec = [e for e in after if e["event"] == "recovered"]
+recovered = (rec[-1]["time_us"] - kill) / 1e6 if rec else None
+victim_merge = first(lambda e: e["event"] == "merge" and e["fragment"] % 4 in victim)
+own_merge = None
+if assigned is not None:
+    own_merge = first(lambda e: e["event"] == "merge" and e["fragment"] % 4 not in victim and e["time_us"] - kill > assigned * 1e6)
+replayed = sum(e["replayed"] for e in rec)
+fmt = lambda x: "never" if x is None else f"{x:.2f} s"
+print(f"\nfailover, session timeout {timeout} ms: killed MA (partitions {victim}) {(kill - last_a) / 1e6:.2f} s after its last merge; "
+      f"MB: revoked at {fmt(revoked)}, assigned all at {fmt(assigned)}, recovered {len(rec)} fragments "
+      f"(replaying {replayed} merge records) by {fmt(recovered)}, first merge of a fragment of MA at {fmt(victim_merge)} "
+      f"(of its own fragments, which the eager rebalance also revoked: {fmt(own_merge)}) after the kill")
+PY
+}
+
+if [[ -z "$only" || "$only" == throughput ]]; then
+  throughput_case 1 "$learners"
+  throughput_case 2 "$learners"
+  throughput_case 1 1
+fi
+if [[ -z "$only" || "$only" == failover ]]; then
+  for t in $timeouts; do failover_case "$t"; done
+fi

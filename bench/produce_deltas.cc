@@ -1,0 +1,168 @@
+// Fake learners for the merger benchmarks (bench/merger_throughput.sh): produces well-formed
+// deltas of a run's real model and fragment layout to its delta topic, as fast as the broker takes
+// them (a backlog to drain) or at a fixed pace (a steady stream for the failover measurement).
+//
+//   bench-produce_deltas -c configs/demo.toml --set run.id="X" --learners 4 --rounds 100
+//                        [--region r0] [--pace 0] [--summary FILE]
+//
+// Round r (r = 0, 1, ...) sends, for every fragment p and every fake learner m = 0..K-1 in that
+// order, one delta of fragment p with base version r. With merger.quorum=K and no learner
+// heartbeats (so the grace window is 0) the merger merges fragment p exactly when the K-th delta
+// of a round arrives: version r -> r+1, every delta is merged (staleness 0), none is dropped. With
+// merger.quorum=1 every delta is merged alone (one transaction per delta) with staleness up to
+// K-1, still none dropped (max_staleness unlimited). A fragment lives in one partition of the one
+// region topic, so the merger reads the rounds in order.
+//
+// Delta values are gaussian (stddev 1e-3, seeded, one set per learner and fragment, reused every
+// round), quantized and encoded with the run's codec settings exactly as a learner encodes them
+// (encode_delta; no error feedback). seq = a wall-clock millisecond floor + round, so seqs grow
+// across invocations. --pace S waits S seconds between rounds. SIGINT/SIGTERM stop after the
+// current round, flush and exit 0. --summary writes a JSON summary (fp32 bytes per fragment, wire
+// bytes, counts).
+#include <CLI/CLI.hpp>
+
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <random>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include "core/codec/messages.h"
+#include "core/config/run_config.h"
+#include "core/errors.h"
+#include "core/kafka/consumer.h"
+#include "core/kafka/delta_headers.h"
+#include "core/kafka/producer.h"
+#include "core/kafka/topics.h"
+#include "core/process.h"
+#include "core/train/model_setup.h"
+
+using namespace diloco;
+
+namespace {
+
+int64_t unix_us() {
+  return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"bench-produce_deltas: fake learners producing real-sized deltas for the merger benchmarks"};
+  std::string config_file, region = "r0", summary, bootstrap = default_bootstrap_servers();
+  std::vector<std::string> overrides;
+  uint32_t learners = 4;
+  uint64_t rounds = 100;
+  double pace = 0;
+  app.add_option("-c,--config", config_file, "run config (TOML)")->required()->check(CLI::ExistingFile);
+  app.add_option("-s,--set", overrides, "override a config value: section.key=value (repeatable)");
+  app.add_option("--learners", learners, "fake learners K (deltas per fragment per round)")->capture_default_str();
+  app.add_option("--rounds", rounds, "rounds to send (base versions 0 .. rounds-1)")->capture_default_str();
+  app.add_option("--region", region, "region: deltas go to diloco.<run>.deltas.<region>")->capture_default_str();
+  app.add_option("--pace", pace, "seconds between two rounds (0: as fast as the broker takes them)")->capture_default_str();
+  app.add_option("--bootstrap", bootstrap, "Kafka bootstrap servers")->capture_default_str();
+  app.add_option("--summary", summary, "write a JSON summary here");
+  CLI11_PARSE(app, argc, argv);
+  install_stop_handlers();
+
+  try {
+    RunConfig config = load_run_config(config_file, overrides);
+    ModelSetup setup = build_model(config);
+    const FragmentLayout& layout = setup.layout;
+    const uint32_t P = layout.num_fragments();
+    KafkaOptions kafka{.bootstrap_servers = bootstrap, .client_id = "bench-produce_deltas"};
+    RunTopics topics{config.run.id};
+    wait_for_broker(kafka);
+    int partitions = 0;
+    {
+      Consumer probe(ConsumerOptions{.kafka = kafka});
+      partitions = probe.partition_count(topics.deltas(region), 10000);
+    }
+
+    // One set of delta tensors per (learner, fragment), seeded.
+    std::mt19937 rng(static_cast<uint32_t>(config.run.seed * 7919 + 17));
+    std::normal_distribution<float> normal(0.0f, 1e-3f);
+    std::vector<std::vector<std::vector<DenseTensor>>> values(learners);
+    for (uint32_t m = 0; m < learners; ++m)
+      for (uint32_t p = 0; p < P; ++p) {
+        std::vector<DenseTensor> tensors;
+        for (uint32_t t = 0; t < layout.fragments[p].size(); ++t) {
+          const auto& spec = layout.fragments[p][t];
+          DenseTensor d{.index = t, .shape = spec.shape, .values = std::vector<float>(static_cast<size_t>(spec.numel()))};
+          for (auto& v : d.values) v = normal(rng);
+          tensors.push_back(std::move(d));
+        }
+        values[m].push_back(std::move(tensors));
+      }
+    CodecOptions codec{.dtype = config.codec.dtype, .block_size = config.codec.block_size,
+                       .byte_shuffle = config.codec.byte_shuffle, .zstd_level = config.codec.zstd_level};
+    const uint32_t inner_steps = config.diloco.H;
+    const uint64_t tokens = static_cast<uint64_t>(inner_steps) * static_cast<uint64_t>(config.train.batch * config.model.context);
+    const uint64_t seq0 = static_cast<uint64_t>(unix_us() / 1000);
+
+    uint64_t failed = 0, delivered = 0;
+    ProducerOptions producer_options{.kafka = kafka, .queue_max_messages = 10000};
+    Producer producer(producer_options, [&](const DeliveryReport& r) { r.ok ? ++delivered : ++failed; });
+
+    std::vector<uint64_t> fp32_bytes(P);
+    for (uint32_t p = 0; p < P; ++p) fp32_bytes[p] = static_cast<uint64_t>(layout.fragment_numel(p)) * 4;
+    uint64_t sent = 0, wire_bytes = 0, fp32_total = 0, round = 0;
+    double encode_seconds = 0;
+    auto t0 = std::chrono::steady_clock::now();
+    for (; round < rounds && !stop_requested(); ++round) {
+      auto round_start = std::chrono::steady_clock::now();
+      for (uint32_t p = 0; p < P; ++p)
+        for (uint32_t m = 0; m < learners; ++m) {
+          DeltaHeader h{.run_id = config.run.id, .fingerprint = layout.fingerprint,
+                        .learner_id = "fake-" + std::to_string(m), .region = region, .fragment = p,
+                        .seq = seq0 + round, .base_version = round, .inner_steps = inner_steps, .tokens = tokens,
+                        .learner_step = (round + 1) * inner_steps, .train_loss = 2.0f, .send_time_us = unix_us()};
+          auto e0 = std::chrono::steady_clock::now();
+          auto bytes = encode_delta(h, std::span<const DenseTensor>(values[m][p]), codec);
+          encode_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - e0).count();
+          producer.produce({.topic = topics.deltas(region), .partition = static_cast<int32_t>(p % static_cast<uint32_t>(partitions)),
+                            .key = std::to_string(p), .value = bytes, .headers = delta_headers(h)},
+                           sent, 60000);
+          ++sent;
+          wire_bytes += bytes.size();
+          fp32_total += fp32_bytes[p];
+        }
+      producer.poll(0);
+      if (pace > 0) {
+        auto next = round_start + std::chrono::duration<double>(pace);
+        while (!stop_requested() && std::chrono::steady_clock::now() < next) {
+          producer.poll(10);
+        }
+      }
+    }
+    int left = producer.flush(120000);
+    double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    nlohmann::json out{{"run", config.run.id},
+                       {"region", region},
+                       {"learners", learners},
+                       {"rounds", round},
+                       {"fragments", P},
+                       {"partitions", partitions},
+                       {"fp32_bytes_per_fragment", fp32_bytes},
+                       {"deltas", sent},
+                       {"delivered", delivered},
+                       {"failed", failed + static_cast<uint64_t>(left)},
+                       {"fp32_bytes", fp32_total},
+                       {"wire_bytes", wire_bytes},
+                       {"wire_bytes_per_delta", sent ? wire_bytes / sent : 0},
+                       {"encode_seconds", encode_seconds},
+                       {"seconds", seconds},
+                       {"codec", {{"dtype", static_cast<int>(codec.dtype)}, {"block", codec.block_size},
+                                  {"shuffle", codec.byte_shuffle}, {"zstd_level", codec.zstd_level}}}};
+    if (!summary.empty()) std::ofstream(summary) << out.dump() << "\n";
+    std::cerr << "bench-produce_deltas: " << out.dump() << "\n";
+    return failed == 0 && left == 0 ? 0 : 1;
+  } catch (const std::exception& e) {
+    std::cerr << "bench-produce_deltas: error: " << e.what() << "\n";
+    return 1;
+  }
+}
