@@ -4,27 +4,27 @@
 # real merger, one learner at a time (A/B alternating, so slow drifts of a shared machine cancel).
 #
 #   bench/learner_overhead.sh [--config configs/tiny.toml] [--steps 400] [--pairs 3]
-#                             [--H "8 default 8/nomerger"] [--skip 50] [--keep]
+#                             [--H "8 default 8/nomerger"] [--skip 50] [--keep] [--keep-topics]
 #
 # For every case in --H (an H value, "default" = the config's value; "/nomerger": stop the merger
 # once it has written genesis, so the deltas wait in Kafka and nothing is merged or adopted: the
 # learner's own cost of publishing, without the merger's and the broker's transaction work on the
 # same two cores) it creates a fresh run (topics on the running broker, region r0, 4 partitions),
 # starts one merger and waits for its genesis, then runs --pairs pairs of learners: publish then
-# no-publish, and the reverse order in the next pair. Each learner
-# runs --steps inner steps with held-out evaluation off (train.eval_every=0) and logs a step event
+# no-publish, and the reverse order in the next pair. Each learner runs --steps inner steps with held-out evaluation off (train.eval_every=0) and logs a step event
 # every 10 steps. Step rate = (last logged step - first logged step >= --skip) / (wall time between
 # those two events), from the learner's metrics.jsonl. Prints every run, then per H the ratio
 # publish / no-publish of each pair and their mean, min and max.
 #
 # Needs: a running broker (scripts/broker start), build/bin/diloco-{learner,merger}, python3.
-# Never starts or stops the broker; kills every process it started on exit.
+# Never starts or stops the broker; kills every process it started on exit and deletes the topics
+# of its runs (unless --keep-topics); --keep keeps the metrics files (the path is printed).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BIN="${DILOCO_BIN:-$ROOT/build/bin}"
 BOOTSTRAP="${DILOCO_BOOTSTRAP:-127.0.0.1:19092}"
 
-config="configs/tiny.toml" steps=400 pairs=3 hs="8 default 8/nomerger" skip=50 keep=0
+config="configs/tiny.toml" steps=400 pairs=3 hs="8 default 8/nomerger" skip=50 keep=0 keep_topics=0
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --config) config="$2"; shift 2 ;;
@@ -33,7 +33,8 @@ while [[ $# -gt 0 ]]; do
     --H) hs="$2"; shift 2 ;;
     --skip) skip="$2"; shift 2 ;;
     --keep) keep=1; shift ;;
-    -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
+    --keep-topics) keep_topics=1; shift ;;
+    -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
     *) echo "unknown option $1" >&2; exit 2 ;;
   esac
 done
@@ -42,6 +43,18 @@ cd "$ROOT"
 [[ -x "$BIN/diloco-learner" && -x "$BIN/diloco-merger" ]] || { echo "build first: cmake --build build" >&2; exit 1; }
 OUT="$(mktemp -d /tmp/diloco-learner-overhead.XXXXXX)"
 PIDS=()
+RUNS=()
+
+delete_topics() {  # the topics of this script's runs, nothing else
+  if ((keep_topics || ${#RUNS[@]} == 0)); then return 0; fi
+  source "$ROOT/scripts/lib.sh"
+  local lib pattern
+  lib="$(kafka_lib_dir)"
+  pattern="diloco\\.($(IFS='|'; echo "${RUNS[*]}"))\\..*"
+  java -Xmx256m -XX:TieredStopAtLevel=1 -Dlog4j2.configurationFile="$ROOT/broker_config/log4j2-tools.yaml" \
+    -cp "$lib/*" org.apache.kafka.tools.TopicCommand --bootstrap-server "$BOOTSTRAP" --delete --topic "$pattern" \
+    >/dev/null 2>&1 || echo "could not delete the topics of runs ${RUNS[*]}" >&2
+}
 
 cleanup() {
   local pid
@@ -52,6 +65,7 @@ cleanup() {
     wait "$pid" 2>/dev/null || true
   done
   PIDS=()
+  delete_topics
   if ((keep)); then echo "kept $OUT" >&2; else rm -rf "$OUT"; fi
 }
 trap cleanup EXIT
@@ -117,14 +131,15 @@ for case_ in $hs; do
   sets=(--set "run.id=\"$run\"" --set "train.eval_every=0")
   [[ "$H" == default ]] || sets+=(--set "diloco.H=$H")
   scripts/broker topics --run "$run" --regions r0 --partitions 4 >/dev/null 2>&1
+  RUNS+=("$run")
   "$BIN/diloco-merger" -c "$config" "${sets[@]}" --id M0 --bootstrap "$BOOTSTRAP" --run-dir "$OUT/$run/M0" \
     >"$OUT/$run-M0.log" 2>&1 &
   merger=$!
   PIDS+=("$merger")
-  # Genesis: every fragment recovered (written as version 0) before any learner starts.
+  # Genesis: version 0 of every fragment committed to the state topic before any learner starts.
   for _ in $(seq 1 600); do
     fragments="$(grep -o '"fragments":[0-9]*' "$OUT/$run/M0/metrics.jsonl" 2>/dev/null | head -1 | cut -d: -f2 || true)"
-    [[ -n "$fragments" && "$(count_events "$OUT/$run/M0/metrics.jsonl" recovered)" -ge "$fragments" ]] && break
+    [[ -n "$fragments" && "$(count_events "$OUT/$run/M0/metrics.jsonl" genesis)" -ge "$fragments" ]] && break
     kill -0 "$merger" 2>/dev/null || { cat "$OUT/$run-M0.log" >&2; exit 1; }
     sleep 0.1
   done

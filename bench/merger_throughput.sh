@@ -3,7 +3,8 @@
 #
 #   bench/merger_throughput.sh [--config configs/demo.toml] [--rounds 150] [--learners 4]
 #                              [--timeouts "10000 6000"] [--pace 0.25]
-#                              [--only throughput|failover] [--keep] [--keep-topics]
+#                              [--only throughput|failover] [--cases "1:4 2:4 1:1"]
+#                              [--keep] [--keep-topics]
 #
 # Throughput: a fresh run (region r0, 4 partitions) is pre-filled by bench-produce_deltas with
 # --rounds rounds of --learners fake learners for each of the model's 4 fragments (int4 deltas of
@@ -17,8 +18,9 @@
 # MB/s = 10^6 bytes of fp32 delta values (fragment size x 4 bytes) merged per second: decode,
 # checks, merge arithmetic, outer step, transaction (merge record, a checkpoint every
 # merger.checkpoint_every versions, offsets) and the ZeroMQ publish of the new fragment included.
-# Three cases: 1 instance with quorum K, 2 instances with quorum K, 1 instance with quorum 1 (one
-# transaction per delta: the worst case for commit overhead).
+# Cases (--cases, instances:quorum): 1 instance with quorum K, 2 instances with quorum K, 1
+# instance with quorum 1 (one transaction per delta: the worst case for commit overhead; it drains
+# a third of the rounds). DILOCO_BIN=dir runs the binaries of another build.
 #
 # Failover: 2 instances (--session-timeout-ms from --timeouts, one case each), a steady stream of
 # rounds (one every --pace seconds), both instances merging; then kill -9 of one instance and the
@@ -33,6 +35,7 @@ BIN="${DILOCO_BIN:-$ROOT/build/bin}"
 BOOTSTRAP="${DILOCO_BOOTSTRAP:-127.0.0.1:19092}"
 
 config="configs/demo.toml" rounds=150 learners=4 timeouts="10000 6000" pace=0.25 only="" keep=0 keep_topics=0
+cases=""  # instances:quorum list; default "1:K 2:K 1:1" with K = --learners
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --config) config="$2"; shift 2 ;;
@@ -41,6 +44,7 @@ while [[ $# -gt 0 ]]; do
     --timeouts) timeouts="$2"; shift 2 ;;
     --pace) pace="$2"; shift 2 ;;
     --only) only="$2"; shift 2 ;;
+    --cases) cases="$2"; shift 2 ;;
     --keep) keep=1; shift ;;
     --keep-topics) keep_topics=1; shift ;;
     -h|--help) sed -n '2,30p' "$0"; exit 0 ;;
@@ -115,14 +119,16 @@ cpu_seconds() {  # pid -> user+system CPU seconds so far
 echo "# merger_throughput: $(date -u) | nproc $(nproc) | $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ //')"
 echo "# config $config, $learners fake learners, $rounds rounds; load: $(cut -d' ' -f1-3 /proc/loadavg)"
 
-throughput_case() {  # instances quorum
-  local instances="$1" quorum="$2" run i
+throughput_case() {  # instances quorum rounds
+  local instances="$1" quorum="$2" rounds="$3" run i
   new_run mt; run="$RUN"
   mkdir -p "$OUT/$run"
   "$BIN/bench-produce_deltas" -c "$config" --set "run.id=\"$run\"" --learners "$learners" --rounds "$rounds" \
     --region r0 --bootstrap "$BOOTSTRAP" --summary "$OUT/$run/produced.json" 2>"$OUT/$run/producer.log"
   local total; total="$(jq .deltas "$OUT/$run/produced.json")"
   local pids=() load; load="$(cut -d' ' -f1 /proc/loadavg)"
+  local broker_pid broker0; broker_pid="$(cat "$ROOT/.run/broker/node-1/pid" 2>/dev/null || echo 0)"
+  broker0="$(cpu_seconds "$broker_pid")"
   for ((i = 0; i < instances; i++)); do
     start_merger "$run" "M$i" 10000 "$quorum"
     pids+=("$MERGER_PID")
@@ -138,13 +144,14 @@ throughput_case() {  # instances quorum
   done
   local cpu=()
   for p in "${pids[@]}"; do cpu+=("$(cpu_seconds "$p")"); done
+  local broker_cpu; broker_cpu="$(awk -v a="$broker0" -v b="$(cpu_seconds "$broker_pid")" 'BEGIN {print b - a}')"
   # Stop every instance at once: stopping one first would hand its fragments to the other.
   for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
   for p in "${pids[@]}"; do stop_pid "$p"; done
   ((done_ok)) || echo "WARNING: run $run merged only $(merged_inputs "$OUT/$run") of $total deltas" >&2
-  python3 - "$OUT/$run" "$instances" "$quorum" "$load" "${cpu[*]}" <<'PY'
+  python3 - "$OUT/$run" "$instances" "$quorum" "$load" "${cpu[*]}" "$broker_cpu" <<'PY'
 import json, sys, glob, os
-d, instances, quorum, load, cpu = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5].split()
+d, instances, quorum, load, cpu, broker_cpu = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5].split(), float(sys.argv[6])
 produced = json.load(open(f"{d}/produced.json"))
 frag_bytes = produced["fp32_bytes_per_fragment"]
 inst = {}
@@ -186,7 +193,8 @@ for name, i in inst.items():
 print(f"  together (window where every instance merges, {secs:.2f} s): {deltas} deltas, {deltas / secs:.1f} deltas/s, "
       f"{len(win) / secs:.1f} merges/s, {fp32 / secs / 1e6:.1f} MB/s fp32 ({deltas * wire / secs / 1e6:.1f} MB/s on the wire)")
 print(f"  end to end (first process start to last merge, recovery and rebalances included): {(t_last - t0) / 1e6:.2f} s; "
-      f"merger CPU seconds {' + '.join(cpu)}")
+      f"merger CPU seconds {' + '.join(cpu)}; broker CPU {broker_cpu:.1f} s over the same time "
+      f"({broker_cpu / len(all_merges) * 1e3:.1f} ms per merge; other users of the broker included)")
 PY
 }
 
@@ -269,9 +277,12 @@ PY
 }
 
 if [[ -z "$only" || "$only" == throughput ]]; then
-  throughput_case 1 "$learners"
-  throughput_case 2 "$learners"
-  throughput_case 1 1
+  for c in ${cases:-1:$learners 2:$learners 1:1}; do
+    # Quorum 1 merges one delta per transaction: a third of the rounds keeps it under a minute.
+    r="$rounds"
+    [[ "${c#*:}" == 1 && "$learners" != 1 ]] && r=$(((rounds + 2) / 3))
+    throughput_case "${c%%:*}" "${c#*:}" "$r"
+  done
 fi
 if [[ -z "$only" || "$only" == failover ]]; then
   for t in $timeouts; do failover_case "$t"; done

@@ -36,6 +36,8 @@ struct OwnedFragment {
   FragmentState scratch;  // merge_step writes the next version here
   std::unique_ptr<FragmentMerger> merger;
   std::vector<uint8_t> params_message;  // encoded FragmentParams of `state`, for (re)publishing
+  double round_start = 0;  // when the current round began collecting
+  double grace_start = 0;  // when it reached the quorum
 };
 
 struct LiveLearner {
@@ -177,6 +179,7 @@ void MergerProcess::recover(const std::set<int32_t>& partitions) {
       uint64_t start_version = r.replayed.empty() ? r.state.version : r.replayed.front().prev_version;
       OwnedFragment f;
       f.merger = std::make_unique<FragmentMerger>(p, start_version, outer_hyper(o_.config), now());
+      f.round_start = now();
       for (const auto& record : r.replayed) f.merger->replayed(record);
       f.state = std::move(r.state);
       if (r.from_genesis) genesis.push_back(p);
@@ -306,6 +309,7 @@ void MergerProcess::merge(uint32_t p) {
   for (const auto& d : late_drops) metrics_.add("deltas_dropped_total", 1, {{"reason", drop_reason_name(d.reason)}});
   publish(p);
   double sync = f.merger->published(now());
+  f.round_start = now();
   grace_.observe_sync_time(sync);
 
   metrics_.add("merges_total", 1);
@@ -451,7 +455,15 @@ int MergerProcess::run() {
       follow_members();
       auto live = live_learners();
       for (auto& [p, f] : owned_) {
-        if (!f.merger->poll(now(), live, grace_)) continue;
+        MergerState before = f.merger->state();
+        bool due = f.merger->poll(now(), live, grace_);
+        MergerState after = f.merger->state();
+        if (before == MergerState::Collecting && after != MergerState::Collecting) {
+          f.grace_start = now();
+          metrics_.observe("quorum_seconds", f.grace_start - f.round_start, {0.01, 0.1, 0.5, 1, 2, 5, 10, 30});
+        }
+        if (!due) continue;
+        metrics_.observe("grace_seconds", now() - f.grace_start, {0.001, 0.01, 0.05, 0.1, 0.5, 1, 5});
         try {
           merge(p);
         } catch (const Fenced&) {
@@ -498,6 +510,20 @@ int MergerProcess::run() {
         nlohmann::json versions = nlohmann::json::object();
         for (const auto& [p, f] : owned_) versions[std::to_string(p)] = f.state.version;
         metrics_.set("live_learners", static_cast<double>(live.size()));
+        // Consumer lag: messages in each owned delta partition not yet read.
+        double lag = 0;
+        for (const auto& [tp, next] : next_offset_) {
+          try {
+            auto [low, high] = consumer_->watermarks(tp.first, tp.second, 2000);
+            (void)low;
+            double l = static_cast<double>(std::max<int64_t>(0, high - next));
+            metrics_.set("consumer_lag", l, {{"topic", tp.first}, {"partition", std::to_string(tp.second)}});
+            lag += l;
+          } catch (const Unavailable&) {
+            // No answer now; the next status tick asks again.
+          }
+        }
+        metrics_.set("consumer_lag_total", lag);
         log({{"event", "status"}, {"versions", versions}, {"live_learners", live.size()},
              {"step_time", grace_.step_time()}, {"sync_time", grace_.sync_time()},
              {"metrics", metrics_.snapshot()}});

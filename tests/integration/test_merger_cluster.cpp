@@ -124,7 +124,7 @@ TEST_CASE("a merger killed with SIGKILL is replaced: it rebuilds and every delta
   CHECK(audit.merges >= 15);
 }
 
-TEST_CASE("two mergers own disjoint fragments; kill one and the other owns all, no version goes back", "[merger][cluster][failover]") {
+TEST_CASE("two mergers own disjoint fragments, and when one is killed the other owns all with no version going back", "[merger][cluster][failover]") {
   Cluster c;
   auto a = c.merger("MA");
   auto b = c.merger("MB");
