@@ -1,9 +1,11 @@
-// Shared by every long-running binary: a stop flag set by SIGINT/SIGTERM (the librdkafka example
+// Shared by every long-running binary: the wall clock of messages, a stop flag set by SIGINT/SIGTERM (the librdkafka example
 // shape: the handler only sets the flag, the main loop notices and shuts down in bounded time),
 // and the bootstrap-servers default.
 #pragma once
 
 #include <atomic>
+#include <chrono>
+#include <cstdint>
 #include <csignal>
 #include <cstdlib>
 #include <string>
@@ -19,6 +21,12 @@ inline void install_stop_handlers() {
   auto handler = [](int) { stop_requested() = true; };
   std::signal(SIGINT, handler);
   std::signal(SIGTERM, handler);
+}
+
+// Wall-clock time in microseconds since the Unix epoch: what messages and metrics lines carry.
+inline int64_t unix_us() {
+  return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
 }
 
 // $DILOCO_BOOTSTRAP, or the address scripts/broker uses.

@@ -16,6 +16,7 @@
 #include "core/kafka/consumer.h"
 #include "core/kafka/run_log.h"
 #include "core/metrics/metrics.h"
+#include "core/process.h"
 #include "core/model/cpu_runtime.h"
 #include "core/train/inner_optimizer.h"
 #include "core/train/model_setup.h"
@@ -27,11 +28,6 @@ namespace diloco {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-int64_t unix_us() {
-  return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::system_clock::now().time_since_epoch())
-      .count();
-}
 
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 

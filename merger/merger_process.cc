@@ -14,6 +14,7 @@
 #include "core/kafka/consumer.h"
 #include "core/kafka/producer.h"
 #include "core/metrics/metrics.h"
+#include "core/process.h"
 #include "core/model/cpu_runtime.h"
 #include "core/zmq/params_channel.h"
 #include "merger/fragment_merger.h"
@@ -25,11 +26,6 @@ namespace diloco {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-int64_t unix_us() {
-  return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::system_clock::now().time_since_epoch())
-      .count();
-}
 
 struct OwnedFragment {
   FragmentState state;    // the committed version
