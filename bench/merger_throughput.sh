@@ -269,10 +269,22 @@ if assigned is not None:
     own_merge = first(lambda e: e["event"] == "merge" and e["fragment"] % 4 not in victim and e["time_us"] - kill > assigned * 1e6)
 replayed = sum(e["replayed"] for e in rec)
 fmt = lambda x: "never" if x is None else f"{x:.2f} s"
+# Exactly once across the failover: no (fragment, learner, seq) in two merges, versions contiguous.
+seen, twice = set(), 0
+versions = {}
+for e in a + b:
+    if e["event"] != "merge": continue
+    versions.setdefault(e["fragment"], []).append(e["version"])
+    for i in e["inputs"]:
+        k = (e["fragment"], i["learner"], i["seq"])
+        twice += k in seen
+        seen.add(k)
+gaps = sum(1 for v in versions.values() for x, y in zip(sorted(v), sorted(v)[1:]) if y != x + 1)
 print(f"\nfailover, session timeout {timeout} ms: killed MA (partitions {victim}) {(kill - last_a) / 1e6:.2f} s after its last merge; "
       f"MB: revoked at {fmt(revoked)}, assigned all at {fmt(assigned)}, recovered {len(rec)} fragments "
       f"(replaying {replayed} merge records) by {fmt(recovered)}, first merge of a fragment of MA at {fmt(victim_merge)} "
-      f"(of its own fragments, which the eager rebalance also revoked: {fmt(own_merge)}) after the kill")
+      f"(of its own fragments, which the eager rebalance also revoked: {fmt(own_merge)}) after the kill; "
+      f"{len(seen)} deltas merged, {twice} of them twice, {gaps} version gaps")
 PY
 }
 

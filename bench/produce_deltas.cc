@@ -42,15 +42,6 @@
 
 using namespace diloco;
 
-namespace {
-
-int64_t unix_us() {
-  return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::system_clock::now().time_since_epoch())
-      .count();
-}
-
-}  // namespace
-
 int main(int argc, char** argv) {
   CLI::App app{"bench-produce_deltas: fake learners producing real-sized deltas for the merger benchmarks"};
   std::string config_file, region = "r0", summary, bootstrap = default_bootstrap_servers();

@@ -526,6 +526,17 @@ int MergerProcess::run() {
       }
       plain_->poll(0);
     }
+    // Drain: deltas already in Kafka when the stop came are read and recorded as pending too,
+    // until the partitions stay quiet for half a second (bounded by 5 s).
+    auto drain_deadline = Clock::now() + std::chrono::seconds(5);
+    for (int quiet = 0; quiet < 10 && Clock::now() < drain_deadline;) {
+      if (auto message = consumer_->poll(50)) {
+        handle_delta(*message);
+        quiet = 0;
+      } else {
+        ++quiet;
+      }
+    }
     stop_fragments();
   } catch (const Fenced& e) {
     std::cerr << "merger " << o_.instance_id << ": fenced by a newer instance, stopping without committing: "

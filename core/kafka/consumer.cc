@@ -175,13 +175,29 @@ std::pair<int64_t, int64_t> Consumer::watermarks(const std::string& topic, int32
   return {low, high};
 }
 
+namespace {
+
+// Group-less readers of a log up to its end: the end is only reported after an empty fetch, so
+// a short fetch wait makes reading a short log fast (recovery, start-up, replay).
+ConsumerOptions log_reader_options(const KafkaOptions& options) {
+  ConsumerOptions consumer_options;
+  consumer_options.kafka = options;
+  consumer_options.kafka.extra.emplace_back("fetch.wait.max.ms", "10");
+  return consumer_options;
+}
+
+}  // namespace
+
 void read_partitions_to_end(const KafkaOptions& options, const std::vector<TopicPartitionOffset>& starts,
                             const std::function<void(const ConsumedMessage&)>& on_message, int timeout_ms) {
   if (starts.empty()) return;
-  ConsumerOptions consumer_options;
-  consumer_options.kafka = options;
-  Consumer reader(consumer_options);
-  reader.assign(starts);
+  Consumer reader(log_reader_options(options));
+  // Start at the low watermark rather than "beginning": the offset lookup librdkafka does for
+  // the logical offset costs a fetch cycle per partition.
+  std::vector<TopicPartitionOffset> resolved = starts;
+  for (auto& tp : resolved)
+    if (tp.offset == RdKafka::Topic::OFFSET_BEGINNING) tp.offset = reader.watermarks(tp.topic, tp.partition, timeout_ms).first;
+  reader.assign(resolved);
   auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
   while (!reader.at_end()) {
     if (std::chrono::steady_clock::now() > deadline)
@@ -198,9 +214,7 @@ std::vector<ConsumedMessage> fetch_positions(const KafkaOptions& options,
   for (const auto& p : positions) wanted[{p.topic, p.partition}].insert(p.offset);
   std::vector<ConsumedMessage> out;
   if (wanted.empty()) return out;
-  ConsumerOptions consumer_options;
-  consumer_options.kafka = options;
-  Consumer reader(consumer_options);
+  Consumer reader(log_reader_options(options));
   std::vector<TopicPartitionOffset> starts;
   for (const auto& [tp, offsets] : wanted) starts.push_back({tp.first, tp.second, *offsets.begin()});
   reader.assign(starts);
