@@ -40,8 +40,9 @@ TEST_CASE("learner rejects FragmentParams with a wrong fingerprint and adopts a 
                                  "--steps", "1000000", "--max-seconds", "150", "--log-every", "5", "--run-dir", dir},
                                 dir + "/learner.log");
   std::string metrics = dir + "/metrics.jsonl";
-  INFO(learner.log());
-  REQUIRE(testing::eventually([&] { return testing::last_event(metrics, "step").has_value(); }, 60s));
+  // A loaded CI machine can be slow to start a libtorch process; the log explains any failure.
+  if (!testing::eventually([&] { return testing::last_event(metrics, "step").has_value(); }, 120s))
+    FAIL("the learner did not start training within 120 s; its log:\n" << learner.log());
 
   FragmentParams bad{.run_id = run, .fingerprint = setup.layout.fingerprint ^ 1, .fragment = 0, .version = 5,
                      .merger_instance = "test-merger", .epoch = 1,
