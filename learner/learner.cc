@@ -304,6 +304,14 @@ int Learner::run() {
     const uint64_t tokens_per_step = static_cast<uint64_t>(train.batch * config.model.context);
     double loss_ema = 0;
     uint64_t step = 0;
+    auto evaluate = [&] {
+      double eval = heldout_loss(setup_.model, heldout, train.eval_batches);
+      metrics_.set("eval_loss", eval);
+      log({{"event", "eval"}, {"step", step}, {"eval_loss", eval}, {"tokens", total_tokens_}});
+      std::cerr << "learner " << o_.learner_id << ": step " << step << " loss " << loss_ema << " held-out " << eval
+                << " (" << static_cast<int>(tokens_per_s_) << " tokens/s)\n";
+    };
+    if (train.eval_every > 0) evaluate();  // the starting point of every loss curve
     while (!stop_ && !out_of_budget(step)) {
       auto t0 = Clock::now();
       Batch b = batches.next();
@@ -358,13 +366,7 @@ int Learner::run() {
         record["versions"] = versions;
         log(record);
       }
-      if (train.eval_every > 0 && step % static_cast<uint64_t>(train.eval_every) == 0) {
-        double eval = heldout_loss(setup_.model, heldout, train.eval_batches);
-        metrics_.set("eval_loss", eval);
-        log({{"event", "eval"}, {"step", step}, {"eval_loss", eval}, {"tokens", total_tokens_}});
-        std::cerr << "learner " << o_.learner_id << ": step " << step << " loss " << loss_ema << " held-out " << eval
-                  << " (" << static_cast<int>(tokens_per_s_) << " tokens/s)\n";
-      }
+      if (train.eval_every > 0 && step % static_cast<uint64_t>(train.eval_every) == 0) evaluate();
     }
     log({{"event", "stop"}, {"step", step}, {"tokens", total_tokens_}, {"reason", stop_ ? "signal" : "budget"}});
   }

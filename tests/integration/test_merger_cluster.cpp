@@ -90,8 +90,10 @@ TEST_CASE("3 learners and 1 merger: versions advance, learners adopt them, held-
     std::vector<double> evals;
     for (const auto& j : testing::read_json_lines(c.metrics(id)))
       if (j.value("event", "") == "eval") evals.push_back(j["eval_loss"]);
+    // The first eval is the untrained model at step 0 (about ln 96 = 4.56). Later evals of one
+    // learner need not fall monotonically: adopting a merged fragment can cost a little loss.
     REQUIRE(evals.size() >= 3);
-    CHECK(evals.back() < evals.front());
+    CHECK(evals.front() > 4.0);
     CHECK(evals.back() < 2.6);
   }
   auto audit = testing::audit_run(c.kafka, c.config, c.regions);
