@@ -19,6 +19,7 @@
 #include "core/process.h"
 #include "core/model/cpu_runtime.h"
 #include "core/train/inner_optimizer.h"
+#include "core/train/model_file.h"
 #include "core/train/model_setup.h"
 #include "learner/delta_publisher.h"
 #include "learner/param_inbox.h"
@@ -74,6 +75,7 @@ class Learner {
   void log(nlohmann::json record);
   bool out_of_budget(uint64_t step) const;
   int eval_only_loop();
+  void export_model(nlohmann::json info);
 
   const LearnerOptions& o_;
   const std::atomic<bool>& stop_;
@@ -228,29 +230,58 @@ void Learner::heartbeat(uint64_t step, float loss) {
   publisher_->submit_heartbeat(o_.learner_id, encode_member(m));
 }
 
+void Learner::export_model(nlohmann::json info) {
+  if (o_.export_path.empty()) return;
+  nlohmann::json versions = nlohmann::json::array();
+  for (const auto& f : fragments_) versions.push_back(f.version);
+  info["run_id"] = o_.config.run.id;
+  info["learner"] = o_.learner_id;
+  info["mode"] = learner_mode_name(o_.mode);
+  info["versions"] = versions;
+  info["fingerprint"] = setup_.layout.fingerprint;
+  info["config"] = o_.config.source;
+  info["time_us"] = unix_us();
+  try {
+    save_model_file(o_.export_path, setup_.model, info);
+    log({{"event", "export"}, {"path", o_.export_path}, {"versions", versions}});
+  } catch (const std::exception& e) {  // a full disk must not stop training or evaluation
+    std::cerr << "learner " << o_.learner_id << ": could not write " << o_.export_path << ": " << e.what() << "\n";
+  }
+}
+
 int Learner::eval_only_loop() {
   const auto& train = o_.config.train;
   Corpus corpus = load_corpus(o_.config.data.path);
   BatchStream heldout = heldout_batches(corpus, o_.config.data, train.batch, o_.config.model.context);
+  auto version_sum = [&] {
+    uint64_t sum = 0;
+    for (const auto& f : fragments_) sum += f.version;
+    return sum;
+  };
+  std::optional<uint64_t> evaluated;  // the version sum of the last evaluation
+  auto evaluate = [&] {
+    double loss = heldout_loss(setup_.model, heldout, train.eval_batches);
+    metrics_.set("global_eval_loss", loss);
+    nlohmann::json versions = nlohmann::json::array();
+    for (const auto& f : fragments_) versions.push_back(f.version);
+    log({{"event", "global_eval"}, {"eval_loss", loss}, {"versions", versions}, {"version_sum", version_sum()}});
+    std::cerr << "eval: global held-out loss " << loss << " at versions " << versions.dump() << "\n";
+    if (version_sum() != evaluated.value_or(0)) export_model({{"heldout_loss", loss}});
+    evaluated = version_sum();
+  };
   Clock::time_point last_eval{};
   while (!stop_ && !out_of_budget(0)) {
     adopt_received();
     heartbeat(0, 0);
     if (seconds_since(last_eval) >= o_.eval_interval_s) {
       last_eval = Clock::now();
-      double loss = heldout_loss(setup_.model, heldout, train.eval_batches);
-      metrics_.set("global_eval_loss", loss);
-      nlohmann::json versions = nlohmann::json::array();
-      uint64_t total_version = 0;
-      for (const auto& f : fragments_) {
-        versions.push_back(f.version);
-        total_version += f.version;
-      }
-      log({{"event", "global_eval"}, {"eval_loss", loss}, {"versions", versions}, {"version_sum", total_version}});
-      std::cerr << "eval: global held-out loss " << loss << " at versions " << versions.dump() << "\n";
+      evaluate();
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
+  // The last versions published before the stop: evaluate (and export) them too.
+  adopt_received();
+  if (evaluated != version_sum()) evaluate();
   return 0;
 }
 
@@ -369,6 +400,7 @@ int Learner::run() {
       if (train.eval_every > 0 && step % static_cast<uint64_t>(train.eval_every) == 0) evaluate();
     }
     log({{"event", "stop"}, {"step", step}, {"tokens", total_tokens_}, {"reason", stop_ ? "signal" : "budget"}});
+    export_model({{"step", step}, {"tokens", total_tokens_}});
   }
 
   if (publisher_) {
@@ -381,7 +413,7 @@ int Learner::run() {
     std::cerr << "\n";
     nlohmann::json lost = nlohmann::json::array();
     for (auto [p, seq] : undelivered) lost.push_back({{"fragment", p}, {"seq", seq}});
-    log({{"event", "shutdown"}, {"delivered", s.delivered}, {"superseded", s.superseded}, {"undelivered", lost}});
+    log({{"event", "shutdown"}, {"delivered", s.delivered}, {"superseded", s.superseded}, {"bytes_sent", s.bytes_delivered}, {"undelivered", lost}});
   }
   return exit_code;
 }

@@ -40,6 +40,7 @@ struct LearnerOptions {
   double heartbeat_interval_s = 2;
   int log_every = 10;          // steps between metrics lines
   std::string run_dir;         // metrics.jsonl goes here (created if missing)
+  std::string export_path;     // model file (core/train/model_file.h) written at stop; EvalOnly: also after each eval
   int metrics_port = 0;        // Prometheus endpoint on 127.0.0.1 (0: off)
   std::chrono::seconds genesis_timeout{600};
   std::chrono::milliseconds shutdown_flush{10000};

@@ -48,6 +48,7 @@ int main(int argc, char** argv) {
   app.add_option("--steps", o.steps, "stop after this many inner steps (default: train.total_steps)");
   app.add_option("--max-seconds", o.max_seconds, "stop after this many seconds (0: no limit)")->capture_default_str();
   app.add_option("--run-dir", o.run_dir, "folder for metrics.jsonl (created if missing; empty: no file)");
+  app.add_option("--export", o.export_path, "write the model to this file at stop (--eval-only: the global model, refreshed after every evaluation); read it with diloco-sample");
   app.add_option("--metrics-port", o.metrics_port, "serve Prometheus metrics on 127.0.0.1:PORT/metrics (0: off)")->capture_default_str();
   app.add_option("--log-every", o.log_every, "inner steps between metrics lines")->capture_default_str();
   CLI11_PARSE(app, argc, argv);

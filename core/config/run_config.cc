@@ -103,6 +103,18 @@ void read(const Field& f, DataSplit& out) {
   }
 }
 
+template <typename T>
+void read(const Field& f, std::vector<T>& out) {
+  if (!f.node.is_array()) f.wrong_type("an array, e.g. [1, 2]");
+  out.clear();
+  size_t i = 0;
+  for (const toml::node& element : *f.node.as_array()) {
+    T value{};
+    read(Field{f.origin, detail::concat(f.name, "[", i++, "]"), element}, value);
+    out.push_back(std::move(value));
+  }
+}
+
 // One [section] of the file; each parse_* function below walks its keys.
 struct Section {
   const Origin& origin;
@@ -209,9 +221,23 @@ void parse_merger(const Section& s, RunConfig& c) {
   }
 }
 
+void parse_cluster(const Section& s, RunConfig& c) {
+  for (auto&& [key, node] : s.table) {
+    const Field f = s.field(key, node);
+    auto& k = c.cluster;
+    if (key == "learners") read(f, k.learners);
+    else if (key == "regions") read(f, k.regions);
+    else if (key == "mergers") read(f, k.mergers);
+    else if (key == "speed_factors") read(f, k.speed_factors);
+    else if (key == "eval_interval") read(f, k.eval_interval);
+    else unknown_key(f);
+  }
+}
+
 constexpr SectionParser kSections[] = {
     {"run", parse_run},       {"model", parse_model}, {"train", parse_train},
     {"diloco", parse_diloco}, {"codec", parse_codec}, {"data", parse_data}, {"merger", parse_merger},
+    {"cluster", parse_cluster},
 };
 
 void apply_table(const toml::table& root, const Origin& origin, RunConfig& config) {
@@ -364,6 +390,18 @@ void validate_run_config(const RunConfig& c) {
   check(m.checkpoint_every >= 1, c, "merger.checkpoint_every must be at least 1");
   check(m.liveness_seconds > 0, c, "merger.liveness_seconds must be positive");
   check(m.republish_seconds > 0, c, "merger.republish_seconds must be positive");
+
+  const auto& k = c.cluster;
+  check(k.learners >= 1, c, "cluster.learners must be at least 1");
+  check(k.mergers >= 1, c, "cluster.mergers must be at least 1");
+  check(!k.regions.empty(), c, "cluster.regions must name at least one region");
+  for (const auto& r : k.regions)
+    check(!r.empty() && r.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-") ==
+                            std::string::npos,
+          c, "cluster.regions: \"" + r + "\" may only use letters, digits, '_' and '-' (it is part of a topic name)");
+  for (double f : k.speed_factors)
+    check(f >= 1.0 && f <= 1000.0, c, detail::concat("cluster.speed_factors: ", f, " must be in [1, 1000] (2 = half speed)"));
+  check(k.eval_interval > 0, c, "cluster.eval_interval must be positive");
 
   check(!c.data.path.empty(), c, "data.path must not be empty");
   check(c.data.heldout_fraction > 0 && c.data.heldout_fraction <= 0.5, c,

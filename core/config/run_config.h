@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <span>
 #include <string>
+#include <vector>
 #include <string_view>
 
 #include "core/codec/quantize.h"
@@ -87,6 +88,15 @@ struct MergerConfig {
   double republish_seconds = 5;      // re-broadcast the latest version of every owned fragment
 };
 
+// The shape of a local cluster (read by scripts/run-local; every process validates it).
+struct ClusterConfig {
+  uint32_t learners = 3;
+  std::vector<std::string> regions = {"eu", "us"};  // learner i goes to regions[i % size]
+  uint32_t mergers = 1;
+  std::vector<double> speed_factors;  // learner i is slowed by speed_factors[i] (missing: 1.0)
+  double eval_interval = 15;          // seconds between evaluations of the global model
+};
+
 struct RunConfig {
   std::string source = "defaults";  // the file (and overrides) it came from, for error messages
   RunSection run;
@@ -96,6 +106,7 @@ struct RunConfig {
   CodecConfig codec;
   DataConfig data;
   MergerConfig merger;
+  ClusterConfig cluster;
 };
 
 // Parses the file, applies the overrides in order, then validates. Throws IoError if the file

@@ -168,6 +168,18 @@ int Consumer::partition_count(const std::string& topic, int timeout_ms) {
   throw InvalidInput("topic " + topic + " does not exist");
 }
 
+std::vector<std::pair<std::string, int>> Consumer::list_topics(int timeout_ms) {
+  RdKafka::Metadata* raw = nullptr;
+  RdKafka::ErrorCode err = consumer_->metadata(true, nullptr, &raw, timeout_ms);
+  std::unique_ptr<RdKafka::Metadata> metadata(raw);
+  if (err) throw Unavailable(std::string("cluster metadata: ") + RdKafka::err2str(err));
+  std::vector<std::pair<std::string, int>> out;
+  for (const auto* t : *metadata->topics())
+    if (t->err() == RdKafka::ERR_NO_ERROR) out.emplace_back(t->topic(), static_cast<int>(t->partitions()->size()));
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
 std::pair<int64_t, int64_t> Consumer::watermarks(const std::string& topic, int32_t partition, int timeout_ms) {
   int64_t low = -1, high = -1;
   RdKafka::ErrorCode err = consumer_->query_watermark_offsets(topic, partition, &low, &high, timeout_ms);

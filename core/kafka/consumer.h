@@ -76,6 +76,8 @@ class Consumer {
 
   // Partition count of a topic (metadata request); throws InvalidInput if the topic is missing.
   int partition_count(const std::string& topic, int timeout_ms);
+  // Every topic on the cluster with its partition count (one metadata request).
+  std::vector<std::pair<std::string, int>> list_topics(int timeout_ms);
   // (low, high) watermarks.
   std::pair<int64_t, int64_t> watermarks(const std::string& topic, int32_t partition, int timeout_ms);
 

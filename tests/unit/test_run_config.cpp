@@ -203,3 +203,30 @@ TEST_CASE("the merger section: paper defaults, overrides and range checks", "[co
   CHECK_THROWS_WITH(validate_run_config(d), Catch::Contains("merger.outer_momentum must be in [0, 1)"));
   CHECK_THROWS_WITH(parse_run_config("[merger]\nquorom = 2\n", "m.toml"), Catch::Contains("merger.quorom"));
 }
+
+TEST_CASE("the cluster section: arrays of regions and speed factors, checked element by element", "[config]") {
+  RunConfig c = parse_run_config(R"(
+[cluster]
+learners = 4
+regions = ["eu", "us", "asia"]
+mergers = 2
+speed_factors = [1, 1.5, 2.0]
+eval_interval = 5
+)",
+                                 "c.toml");
+  CHECK(c.cluster.learners == 4);
+  CHECK(c.cluster.regions == std::vector<std::string>{"eu", "us", "asia"});
+  CHECK(c.cluster.mergers == 2);
+  CHECK(c.cluster.speed_factors == std::vector<double>{1.0, 1.5, 2.0});
+  CHECK(c.cluster.eval_interval == Approx(5));
+  CHECK_NOTHROW(validate_run_config(c));
+  apply_override(c, "cluster.regions=[\"a\"]");
+  CHECK(c.cluster.regions == std::vector<std::string>{"a"});
+  CHECK_THROWS_WITH(parse_run_config("[cluster]\nregions = [\"eu\", 3]\n", "c.toml"),
+                    Contains("c.toml:2: cluster.regions[1]: expected a string"));
+  CHECK_THROWS_WITH(parse_run_config("[cluster]\nregions = \"eu\"\n", "c.toml"), Contains("expected an array"));
+  RunConfig bad = parse_run_config("[cluster]\nspeed_factors = [0.5]\n", "c.toml");
+  CHECK_THROWS_WITH(validate_run_config(bad), Contains("cluster.speed_factors: 0.5 must be in [1, 1000]"));
+  RunConfig bad_region = parse_run_config("[cluster]\nregions = [\"e u\"]\n", "c.toml");
+  CHECK_THROWS_WITH(validate_run_config(bad_region), Contains("cluster.regions: \"e u\""));
+}

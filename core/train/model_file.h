@@ -1,0 +1,29 @@
+// The model file: a trained model's parameters, its architecture and a few facts about where it
+// came from, in one libtorch archive. The learner (--export) writes it, diloco-sample reads it.
+//
+// The archive holds three attributes: "parameters" (a Dict[str, Tensor] keyed by the names of
+// Transformer::parameter_names), "options" (int64 [vocab, layers, width, heads, context]) and
+// "info" (a JSON string: run id, fragment versions, held-out loss, ...). From Python:
+//   m = torch.jit.load("final_model.pt"); m.parameters["head.weight"]; json.loads(m.info)
+#pragma once
+
+#include <filesystem>
+#include <nlohmann/json.hpp>
+
+#include "core/model/transformer.h"
+
+namespace diloco {
+
+// Writes atomically (a temporary file, then rename): a reader never sees half a file, and a crash
+// leaves the previous file in place.
+void save_model_file(const std::filesystem::path& path, const Transformer& model, const nlohmann::json& info);
+
+struct LoadedModel {
+  Transformer model;
+  nlohmann::json info;
+};
+
+// Throws InvalidInput naming the file for a missing, unreadable or inconsistent archive.
+LoadedModel load_model_file(const std::filesystem::path& path);
+
+}  // namespace diloco

@@ -1,0 +1,474 @@
+"""The main job's launcher (run by scripts/run-local with Debian's /usr/bin/python3).
+
+Starts a local multi-region cluster on a running broker: M mergers, N learners spread over R
+regions (each with its own speed factor) and one --eval-only learner that measures the global
+model; shows a live view (a table refreshed every second on a terminal, one summary line every
+few seconds otherwise); stops at the step, token or time budget or on Ctrl-C in an order that
+loses nothing (learners, then the mergers' last merges, then the evaluator's final export, then
+the mergers); then samples text from the final model and writes the report.
+"""
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import tomllib
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def fail(message):
+    print(f"error: {message}", file=sys.stderr)
+    sys.exit(1)
+
+
+def say(message):
+    print(f"run-local: {message}", file=sys.stderr, flush=True)
+
+
+# ---- configuration ------------------------------------------------------------------------------
+
+def toml_value(text):
+    """A --set value as the processes read it: TOML if it parses, else a bare string."""
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        return text
+
+
+def load_config(path, overrides):
+    try:
+        with open(path, "rb") as f:
+            config = tomllib.load(f)
+    except OSError as e:
+        fail(f"cannot read config {path}: {e.strerror}")
+    except tomllib.TOMLDecodeError as e:
+        fail(f"{path}: {e}")
+    for assignment in overrides:
+        key, sep, value = assignment.partition("=")
+        section, dot, name = key.partition(".")
+        if not sep or not dot:
+            fail(f"--set '{assignment}': expected section.key=value")
+        config.setdefault(section, {})[name] = toml_value(value)
+    return config
+
+
+def cluster_shape(config, args):
+    """Learners, regions, mergers and speed factors: command line over [cluster] over defaults."""
+    cluster = config.get("cluster", {})
+    learners = args.learners or int(cluster.get("learners", 3))
+    regions = args.regions.split(",") if args.regions else list(cluster.get("regions", ["eu", "us"]))
+    mergers = args.mergers or int(cluster.get("mergers", 1))
+    speed = [float(s) for s in cluster.get("speed_factors", [])]
+    if args.speed_factors:
+        speed = [float(s) for s in args.speed_factors.split(",")]
+    eval_interval = float(cluster.get("eval_interval", 15))
+    if learners < 1 or mergers < 1 or not all(regions):
+        fail("need at least one learner, one merger and non-empty region names")
+    return learners, regions, mergers, speed, eval_interval
+
+
+# ---- processes ----------------------------------------------------------------------------------
+
+class Child:
+    def __init__(self, name, role, argv, log_path):
+        self.name, self.role, self.log_path = name, role, log_path
+        self.log = open(log_path, "wb")
+        # Own process group: Ctrl-C reaches only this launcher, which stops children in order.
+        self.proc = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT, cwd=ROOT,
+                                     start_new_session=True)
+
+    def running(self):
+        return self.proc.poll() is None
+
+    def signal(self, sig):
+        if self.running():
+            try:
+                self.proc.send_signal(sig)
+            except ProcessLookupError:
+                pass
+
+    def wait(self, seconds):
+        try:
+            return self.proc.wait(timeout=seconds)
+        except subprocess.TimeoutExpired:
+            return None
+
+    def stop(self, seconds):
+        """SIGTERM, then SIGKILL after `seconds`. Returns the exit code."""
+        self.signal(signal.SIGTERM)
+        code = self.wait(seconds)
+        if code is None:
+            say(f"{self.name} did not stop within {seconds:.0f} s: killing it")
+            self.signal(signal.SIGKILL)
+            code = self.wait(10)
+        self.log.close()
+        return code
+
+    def tail(self, lines=15):
+        try:
+            with open(self.log_path, errors="replace") as f:
+                return "".join(f.readlines()[-lines:])
+        except OSError:
+            return ""
+
+
+# ---- metrics ------------------------------------------------------------------------------------
+
+class JsonTail:
+    """New complete JSON lines of a growing file, read incrementally."""
+
+    def __init__(self, path):
+        self.path, self.offset, self.partial = path, 0, b""
+
+    def poll(self):
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self.offset)
+                data = f.read()
+        except OSError:
+            return []
+        self.offset += len(data)
+        data = self.partial + data
+        lines = data.split(b"\n")
+        self.partial = lines.pop()
+        out = []
+        for line in lines:
+            try:
+                out.append(json.loads(line))
+            except ValueError:
+                pass
+        return out
+
+
+class View:
+    """What the live view shows, folded from the processes' metrics.jsonl files."""
+
+    def __init__(self, run_dir, learner_names, merger_names, fragments, steps_budget):
+        self.learners = {n: {"step": 0, "loss": None, "tok_s": 0.0, "adopted": 0, "sent": 0,
+                             "region": "", "eval": None, "t0": None, "rate": None}
+                         for n in learner_names}
+        self.tails = {n: JsonTail(os.path.join(run_dir, n, "metrics.jsonl"))
+                      for n in learner_names + merger_names + ["eval"]}
+        self.merger_names = merger_names
+        self.versions = [0] * fragments
+        self.owner = ["-"] * fragments
+        self.last_merge = [None] * fragments
+        self.merged = self.merges = 0
+        self.dropped = {}
+        self.global_eval = None
+        self.steps_budget = steps_budget
+
+    def update(self):
+        for name, tail in self.tails.items():
+            for e in tail.poll():
+                if name in self.learners:
+                    self._learner(self.learners[name], e)
+                elif name == "eval":
+                    if e.get("event") == "global_eval":
+                        self.global_eval = e
+                else:
+                    self._merger(name, e)
+
+    def _learner(self, s, e):
+        event = e.get("event")
+        if event == "start":
+            s["region"] = e.get("region", "")
+        elif event == "step":
+            if s["t0"] is None:
+                s["t0"] = (e.get("t", 0), e.get("step", 0))
+            t0, step0 = s["t0"]
+            if e.get("t", 0) > t0 and e["step"] > step0:
+                s["rate"] = (e["step"] - step0) / (e["t"] - t0)
+            s.update(step=e["step"], loss=e.get("loss_ema"), tok_s=e.get("tokens_per_s", 0.0),
+                     adopted=e.get("adopted", 0), sent=e.get("bytes_sent", s["sent"]))
+        elif event == "eval":
+            s["eval"] = e.get("eval_loss")
+        elif event == "shutdown":
+            s["sent"] = e.get("bytes_sent", s["sent"])
+
+    def _merger(self, name, e):
+        event = e.get("event")
+        if event == "merge":
+            p = e.get("fragment", 0)
+            if 0 <= p < len(self.versions):
+                self.versions[p] = max(self.versions[p], e.get("version", 0))
+                self.owner[p] = name
+                self.last_merge[p] = time.time()
+            self.merges += 1
+            self.merged += len(e.get("inputs", []))
+        if event == "merge" or event == "stop_record":
+            for d in e.get("dropped", []):
+                reason = d.get("reason", "?") if isinstance(d, dict) else str(d)
+                self.dropped[reason] = self.dropped.get(reason, 0) + 1
+        elif event == "assigned":
+            for p in e.get("partitions", []):
+                if 0 <= p < len(self.owner):
+                    self.owner[p] = name
+
+    def eta_seconds(self):
+        etas = []
+        for s in self.learners.values():
+            if s["rate"]:
+                etas.append(max(0, self.steps_budget - s["step"]) / s["rate"])
+        return max(etas) if etas else None
+
+    def bytes_sent(self):
+        return sum(s["sent"] for s in self.learners.values())
+
+    def dropped_text(self):
+        total = sum(self.dropped.values())
+        if not total:
+            return "dropped 0"
+        return f"dropped {total} (" + ", ".join(f"{r} {n}" for r, n in sorted(self.dropped.items())) + ")"
+
+    def global_text(self):
+        g = self.global_eval
+        if not g:
+            return "global held-out: not yet measured"
+        return f"global held-out {g['eval_loss']:.3f} at versions {g.get('versions')}"
+
+
+def duration(seconds):
+    if seconds is None:
+        return "?"
+    seconds = int(seconds)
+    return f"{seconds // 60}m{seconds % 60:02d}s" if seconds >= 60 else f"{seconds}s"
+
+
+def megabytes(n):
+    return f"{n / 1e6:.2f} MB"
+
+
+def render_screen(view, run_id, elapsed, time_left):
+    eta = view.eta_seconds()
+    if time_left is not None:
+        eta = time_left if eta is None else min(eta, time_left)
+    lines = [f"diloco run {run_id}   elapsed {duration(elapsed)}   ETA {duration(eta)}   (Ctrl-C stops cleanly)", ""]
+    lines.append(f"{'LEARNER':<12}{'REGION':<8}{'STEP':>12}{'LOSS':>8}{'HELD-OUT':>10}{'TOK/S':>9}{'ADOPTED':>9}{'SENT':>11}")
+    for name, s in view.learners.items():
+        loss = f"{s['loss']:.3f}" if s["loss"] is not None else "-"
+        held = f"{s['eval']:.3f}" if s["eval"] is not None else "-"
+        lines.append(f"{name:<12}{s['region']:<8}{str(s['step']) + '/' + str(view.steps_budget):>12}{loss:>8}{held:>10}"
+                     f"{s['tok_s']:>9.0f}{s['adopted']:>9}{megabytes(s['sent']):>11}")
+    lines += ["", f"{'FRAGMENT':<10}{'VERSION':>8}  {'OWNER':<12}{'LAST MERGE':>11}"]
+    now = time.time()
+    for p, v in enumerate(view.versions):
+        ago = f"{now - view.last_merge[p]:.0f}s ago" if view.last_merge[p] else "-"
+        lines.append(f"{p:<10}{v:>8}  {view.owner[p]:<12}{ago:>11}")
+    lines += ["", f"merges {view.merges}, deltas merged {view.merged}, {view.dropped_text()}; "
+                  f"bytes on the wire {megabytes(view.bytes_sent())}",
+              view.global_text()]
+    return "\x1b[H\x1b[2J" + "\n".join(lines) + "\n"
+
+
+def summary_line(view, elapsed):
+    parts = [f"{duration(elapsed)}"]
+    for name, s in view.learners.items():
+        loss = f"{s['loss']:.3f}" if s["loss"] is not None else "-"
+        parts.append(f"{name} step {s['step']} loss {loss} {s['tok_s']:.0f} tok/s")
+    parts.append(f"versions {view.versions}, merged {view.merged}, {view.dropped_text()}, "
+                 f"wire {megabytes(view.bytes_sent())}, ETA {duration(view.eta_seconds())}")
+    parts.append(view.global_text())
+    return "run-local: " + " | ".join(parts)
+
+
+# ---- the run ------------------------------------------------------------------------------------
+
+def broker(*args, check=True):
+    result = subprocess.run([os.path.join(ROOT, "scripts", "broker"), *args], cwd=ROOT,
+                            capture_output=True, text=True)
+    if check and result.returncode != 0:
+        fail(f"scripts/broker {' '.join(args)} failed:\n{result.stderr.strip()}")
+    return result
+
+
+def parse_args():
+    p = argparse.ArgumentParser(
+        prog="scripts/run-local",
+        description="Runs a local Decoupled DiLoCo cluster (mergers, learners over regions, one evaluator of the "
+                    "global model) on the local Kafka broker, shows its progress, stops at the budget or on "
+                    "Ctrl-C, and leaves logs, metrics, the final model, a text sample and a report in the run folder.")
+    p.add_argument("config", nargs="?", default="configs/demo.toml", help="run config (default: configs/demo.toml)")
+    p.add_argument("--learners", type=int, help="learners (default: cluster.learners of the config, else 3)")
+    p.add_argument("--regions", help="regions, comma-separated; learner i goes to region i mod R (default: cluster.regions)")
+    p.add_argument("--mergers", type=int, help="merger instances (default: cluster.mergers, else 1)")
+    p.add_argument("--speed-factors", help="per-learner slow-down factors, comma-separated, e.g. 1,1,2 "
+                                           "(default: cluster.speed_factors; missing ones are 1)")
+    p.add_argument("--steps", type=int, help="step budget: inner steps per learner (default: train.total_steps)")
+    p.add_argument("--tokens", type=float, help="token budget: total tokens over all learners (sets --steps)")
+    p.add_argument("--max-seconds", type=float, default=0, help="time budget in seconds (0: none)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="K=V",
+                   help="config override for every process (repeatable), e.g. --set merger.quorum=2")
+    p.add_argument("--run-dir", help="run folder (default: runs/<run id>)")
+    p.add_argument("--no-report", action="store_true", help="skip the text sample and the report at the end")
+    p.add_argument("--bin-dir", default=os.environ.get("DILOCO_BIN_DIR", os.path.join(ROOT, "build", "bin")),
+                   help="where diloco-learner and diloco-merger are (default: build/bin or $DILOCO_BIN_DIR)")
+    return p.parse_args()
+
+
+def main():
+    args = parse_args()
+    # A path relative to the working directory, or else to the repository (configs/demo.toml).
+    config_path = os.path.abspath(args.config)
+    if not os.path.isfile(config_path):
+        config_path = os.path.join(ROOT, args.config)
+    if not os.path.isfile(config_path):
+        fail(f"no config file '{args.config}' (try configs/demo.toml or configs/tiny.toml)")
+    config = load_config(config_path, args.overrides)
+    learners, regions, mergers, speed, eval_interval = cluster_shape(config, args)
+    train = config.get("train", {})
+    model = config.get("model", {})
+    tokens_per_step = int(train.get("batch", 32)) * int(model.get("context", 128))
+    steps = args.steps or int(train.get("total_steps", 1000))
+    if args.tokens:
+        steps = max(1, -(-int(args.tokens) // (learners * tokens_per_step)))
+    fragments = int(config.get("diloco", {}).get("fragments", 4))
+    for tool in ("diloco-learner", "diloco-merger", "diloco-sample"):
+        if not os.access(os.path.join(args.bin_dir, tool), os.X_OK):
+            fail(f"{tool} is not built in {args.bin_dir} (scripts/run-local builds it; or set --bin-dir)")
+
+    run_id = f"{config.get('run', {}).get('id', 'run')}-{time.strftime('%Y%m%d-%H%M%S')}"
+    run_dir = os.path.abspath(args.run_dir or os.path.join(ROOT, "runs", run_id))
+    os.makedirs(run_dir, exist_ok=True)
+    with open(config_path) as src, open(os.path.join(run_dir, "config.toml"), "w") as dst:
+        dst.write(f"# {os.path.relpath(config_path, ROOT)}" +
+                  "".join(f" --set {o}" for o in args.overrides) + f" --set run.id=\"{run_id}\"\n")
+        dst.write(src.read())
+    run_info = {"run_id": run_id, "config": os.path.relpath(config_path, ROOT), "overrides": args.overrides,
+                "learners": learners, "regions": regions, "mergers": mergers,
+                "speed_factors": [speed[i] if i < len(speed) else 1.0 for i in range(learners)],
+                "steps_per_learner": steps, "tokens_per_step": tokens_per_step,
+                "max_seconds": args.max_seconds, "start_time": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+
+    started_broker = broker("status", check=False).returncode != 0
+    if started_broker:
+        say("starting the Kafka broker")
+        broker("start")
+    servers = broker("servers").stdout.strip()
+    broker("topics", "--run", run_id, "--regions", ",".join(regions), "--partitions", str(fragments))
+    run_info["bootstrap"] = servers
+
+    sets = [a for o in args.overrides + [f"run.id=\"{run_id}\""] for a in ("--set", o)]
+    common = ["-c", config_path, *sets, "--bootstrap", servers]
+    learner_bin = os.path.join(args.bin_dir, "diloco-learner")
+    merger_bin = os.path.join(args.bin_dir, "diloco-merger")
+    children = []
+
+    def start(name, role, argv):
+        children.append(Child(name, role, argv, os.path.join(run_dir, f"{name}.log")))
+
+    stop_requested = []
+    signal.signal(signal.SIGINT, lambda *_: stop_requested.append("Ctrl-C"))
+    signal.signal(signal.SIGTERM, lambda *_: stop_requested.append("SIGTERM"))
+
+    merger_names = [f"merger-{m}" for m in range(mergers)]
+    learner_names = [f"learner-{i}" for i in range(learners)]
+    for name in merger_names:
+        start(name, "merger", [merger_bin, *common, "--id", name, "--run-dir", os.path.join(run_dir, name)])
+    for i, name in enumerate(learner_names):
+        factor = speed[i] if i < len(speed) else 1.0
+        start(name, "learner", [learner_bin, *common, "--id", name, "--index", str(i), "--learners", str(learners),
+                                "--region", regions[i % len(regions)], "--regions", ",".join(regions),
+                                "--steps", str(steps), "--speed-factor", str(factor),
+                                "--run-dir", os.path.join(run_dir, name)]
+              + (["--max-seconds", str(args.max_seconds)] if args.max_seconds else []))
+    final_model = os.path.join(run_dir, "final_model.pt")
+    start("eval", "eval", [learner_bin, *common, "--id", "eval", "--eval-only", "--region", regions[0],
+                           "--regions", ",".join(regions), "--eval-interval", str(eval_interval),
+                           "--export", final_model, "--run-dir", os.path.join(run_dir, "eval")])
+    say(f"run {run_id}: {mergers} merger(s), {learners} learner(s) over {','.join(regions)}, "
+        f"{steps} steps each ({steps * tokens_per_step * learners:,} tokens); run folder {run_dir}")
+
+    view = View(run_dir, learner_names, merger_names, fragments, steps)
+    tty = sys.stdout.isatty()
+    start_time = time.time()
+    last_line = 0.0
+    failure = None
+    while not stop_requested:
+        time.sleep(1.0 if tty else 0.5)
+        view.update()
+        elapsed = time.time() - start_time
+        time_left = max(0.0, args.max_seconds - elapsed) if args.max_seconds else None
+        if tty:
+            sys.stdout.write(render_screen(view, run_id, elapsed, time_left))
+            sys.stdout.flush()
+        elif time.time() - last_line >= 5:
+            last_line = time.time()
+            print(summary_line(view, elapsed), flush=True)
+        crashed = [c for c in children if not c.running() and c.proc.returncode != 0]
+        if crashed:
+            c = crashed[0]
+            failure = f"{c.name} exited with code {c.proc.returncode}; the end of {c.log_path}:\n{c.tail()}"
+            break
+        if not any(c.running() for c in children if c.role == "learner"):
+            break
+        if args.max_seconds and elapsed > args.max_seconds + 30:
+            stop_requested.append("time budget")
+
+    # Stop in an order that loses nothing: learners flush their deltas; the mergers merge them;
+    # the evaluator measures and exports the last versions; the mergers record what they still hold.
+    reason = stop_requested[0] if stop_requested else ("a process failed" if failure else "budget reached")
+    say(f"stopping ({reason})")
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    codes = {}
+    for c in children:
+        if c.role == "learner":
+            codes[c.name] = c.stop(20)
+    quiet_since, last_merges = time.time(), view.merges
+    while time.time() - quiet_since < 4 and time.time() - start_time < 1e9 and not failure:
+        time.sleep(0.5)
+        view.update()
+        if view.merges != last_merges:
+            quiet_since, last_merges = time.time(), view.merges
+    for c in children:
+        if c.role == "eval":
+            codes[c.name] = c.stop(120)
+    for c in children:
+        if c.role == "merger":
+            codes[c.name] = c.stop(60)
+    view.update()
+    if tty:
+        sys.stdout.write(render_screen(view, run_id, time.time() - start_time, None))
+    print(summary_line(view, time.time() - start_time), flush=True)
+    if started_broker:
+        broker("stop", check=False)
+
+    run_info.update(end_time=time.strftime("%Y-%m-%dT%H:%M:%S%z"), stop_reason=reason, exit_codes=codes,
+                    wall_seconds=round(time.time() - start_time, 1))
+    with open(os.path.join(run_dir, "run.json"), "w") as f:
+        json.dump(run_info, f, indent=2)
+    if failure:
+        fail(failure)
+    bad = {n: c for n, c in codes.items() if c not in (0, None)}
+    if bad:
+        say(f"some processes did not exit cleanly: {bad} (logs in {run_dir})")
+
+    if not args.no_report:
+        if os.path.exists(final_model):
+            sample = subprocess.run([os.path.join(args.bin_dir, "diloco-sample"), final_model, "--prompt",
+                                     "And God said", "--length", "300", "--temperature", "0.8"],
+                                    capture_output=True, text=True)
+            if sample.returncode == 0:
+                with open(os.path.join(run_dir, "sample.txt"), "w") as f:
+                    f.write(sample.stdout)
+                print(f"\nA sample of the final global model (diloco-sample {final_model}):\n")
+                print(sample.stdout, flush=True)
+            else:
+                say(f"diloco-sample failed: {sample.stderr.strip()}")
+        else:
+            say("no final model was exported (the evaluator saw no merged version)")
+        report = subprocess.run([os.path.join(ROOT, "scripts", "report"), run_dir], capture_output=True, text=True)
+        if report.returncode != 0:
+            say(f"the report failed: {report.stderr.strip()}")
+        else:
+            say(f"report: {os.path.join(run_dir, 'report', 'index.html')}")
+    say(f"run folder: {run_dir}")
+    sys.exit(1 if bad else 0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# The main job's smoke test: scripts/run-local on the tiny config, with the binaries of this build,
+# against the running broker. Checks the run folder (metrics of every process, at least one merged
+# version per fragment, the final model, a text sample, the report), that no process is left
+# behind, and that Ctrl-C (SIGINT) mid-run stops every child and still leaves a complete folder.
+#   usage: run_local_test.sh BIN_DIR
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+export DILOCO_BIN_DIR="${1:?usage: run_local_test.sh BIN_DIR}"
+tmp="$(mktemp -d /tmp/diloco-run-local-test.XXXXXX)"
+trap '[[ -n "${KEEP:-}" ]] || rm -rf "$tmp"' EXIT
+fail() { echo "FAIL: $*" >&2; exit 1; }
+pass() { echo "ok: $*"; }
+
+# Every child process of a run has its run folder in its command line.
+check_no_leftovers() {
+  local left
+  left="$(pgrep -af -- "$1" || true)"
+  [[ -z "$left" ]] || fail "processes left behind: $left"
+}
+
+check_folder() {
+  local dir="$1" fragments="$2"
+  for f in config.toml run.json merger-0/metrics.jsonl eval/metrics.jsonl learner-0/metrics.jsonl learner-1/metrics.jsonl \
+           learner-2/metrics.jsonl final_model.pt report/index.html report/index.md report/heldout_loss_tokens.png; do
+    [[ -s "$dir/$f" ]] || fail "$dir/$f is missing or empty"
+  done
+  # At least one merged version per fragment, from the mergers' own logs.
+  /usr/bin/python3 - "$dir" "$fragments" <<'PY' || fail "not every fragment was merged"
+import glob, json, sys
+run, fragments = sys.argv[1], int(sys.argv[2])
+merged = set()
+for path in glob.glob(f"{run}/merger-*/metrics.jsonl"):
+    for line in open(path):
+        try:
+            e = json.loads(line)
+        except ValueError:
+            continue
+        if e.get("event") == "merge" and e.get("inputs") and e.get("version", 0) >= 1:
+            merged.add(e["fragment"])
+missing = sorted(set(range(fragments)) - merged)
+if missing:
+    print(f"fragments never merged: {missing}", file=sys.stderr)
+    sys.exit(1)
+PY
+  pass "$dir: metrics, merged versions of all $fragments fragments, final model, report"
+}
+
+# 1. A whole run on the budget.
+run="$tmp/budget"
+start=$(date +%s)
+"$root/scripts/run-local" configs/tiny.toml --steps 120 --run-dir "$run" </dev/null >"$tmp/budget.out" 2>&1 ||
+  { cat "$tmp/budget.out"; fail "run-local exited with $?"; }
+echo "run-local on tiny took $(($(date +%s) - start)) s"
+check_folder "$run" 4
+[[ -s "$run/sample.txt" ]] || fail "no text sample"
+grep -q "report: $run/report/index.html" "$tmp/budget.out" || { cat "$tmp/budget.out"; fail "the report's path was not printed"; }
+grep -q "run-local: .*learner-0 step" "$tmp/budget.out" || fail "no progress line on a non-terminal output"
+/usr/bin/python3 -c "import json,sys; r=json.load(open(sys.argv[1])); sys.exit(0 if all(c == 0 for c in r['exit_codes'].values()) else 1)" \
+  "$run/run.json" || fail "a process exited uncleanly: $(cat "$run/run.json")"
+check_no_leftovers "$run"
+pass "a budgeted run ends cleanly"
+
+# 2. Ctrl-C in the middle: every child stops, the folder is complete.
+run="$tmp/interrupted"
+"$root/scripts/run-local" configs/tiny.toml --steps 100000 --run-dir "$run" </dev/null >"$tmp/int.out" 2>&1 &
+launcher=$!
+for _ in $(seq 1 120); do
+  if grep -qs '"event":"merge"' "$run"/merger-0/metrics.jsonl && [[ $(grep -cs '"event":"merge"' "$run/merger-0/metrics.jsonl") -ge 8 ]]; then break; fi
+  sleep 1
+done
+kill -INT "$launcher"
+for _ in $(seq 1 180); do kill -0 "$launcher" 2>/dev/null || break; sleep 1; done
+kill -0 "$launcher" 2>/dev/null && fail "run-local still running 180 s after Ctrl-C"
+wait "$launcher" || true
+grep -q "stopping (Ctrl-C)" "$tmp/int.out" || { cat "$tmp/int.out"; fail "Ctrl-C was not reported"; }
+check_no_leftovers "$run"
+check_folder "$run" 4
+pass "Ctrl-C stops every process and leaves a complete run folder"
