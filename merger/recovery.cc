@@ -38,7 +38,37 @@ std::string describe(const LogPosition& p) {
   return p.topic + "[" + std::to_string(p.partition) + "]@" + std::to_string(p.offset);
 }
 
+DeltaMessages index_by_position(const std::vector<ConsumedMessage>& messages) {
+  DeltaMessages by_position;
+  for (const auto& m : messages) by_position[{m.topic, m.partition, m.offset}] = &m;
+  return by_position;
+}
+
+Delta logged_delta(const LogContext& ctx, const DeltaMessages& messages, const DeltaRef& ref,
+                   const LogPosition& named_by) {
+  auto it = messages.find({ref.position.topic, ref.position.partition, ref.position.offset});
+  if (it == messages.end())
+    throw InvalidInput("delta " + describe(ref.position) + " named by the merge record at " +
+                       describe(named_by) + " is missing from the log (deleted by retention?)");
+  Delta d = decode_delta(it->second->value, ctx.limits);
+  if (d.header.learner_id != ref.learner_id || d.header.seq != ref.seq)
+    throw InvalidInput("delta " + describe(ref.position) + " is not the one the merge record at " +
+                       describe(named_by) + " names (learner " + d.header.learner_id + " seq " +
+                       std::to_string(d.header.seq) + ")");
+  return d;
+}
+
 void apply_logged_merge(const LogContext& ctx, FragmentState& state, const LoggedMerge& merge) {
+  std::vector<TopicPartitionOffset> wanted;
+  for (const auto& in : merge.record.inputs)
+    wanted.push_back({in.position.topic, in.position.partition, in.position.offset});
+  auto messages = is_merge(merge.record) ? fetch_positions(ctx.kafka, wanted, ctx.timeout_ms)
+                                         : std::vector<ConsumedMessage>{};
+  apply_logged_merge(ctx, state, merge, index_by_position(messages));
+}
+
+void apply_logged_merge(const LogContext& ctx, FragmentState& state, const LoggedMerge& merge,
+                        const DeltaMessages& messages) {
   const MergeRecord& r = merge.record;
   if (r.prev_version != state.version)
     throw InvalidInput("merge record at " + describe(merge.position) + " continues version " +
@@ -48,26 +78,9 @@ void apply_logged_merge(const LogContext& ctx, FragmentState& state, const Logge
     account(state.accounted, r);
     return;
   }
-  std::vector<TopicPartitionOffset> wanted;
-  for (const auto& in : r.inputs) wanted.push_back({in.position.topic, in.position.partition, in.position.offset});
-  auto messages = fetch_positions(ctx.kafka, wanted, ctx.timeout_ms);
-  std::map<std::tuple<std::string, int32_t, int64_t>, const ConsumedMessage*> by_position;
-  for (const auto& m : messages) by_position[{m.topic, m.partition, m.offset}] = &m;
-
   std::vector<std::vector<DenseTensor>> tensors;
   tensors.reserve(r.inputs.size());
-  for (const auto& in : r.inputs) {
-    auto it = by_position.find({in.position.topic, in.position.partition, in.position.offset});
-    if (it == by_position.end())
-      throw InvalidInput("delta " + describe(in.position) + " named by the merge record at " +
-                         describe(merge.position) + " is missing from the log (deleted by retention?)");
-    Delta d = decode_delta(it->second->value, ctx.limits);
-    if (d.header.learner_id != in.learner_id || d.header.seq != in.seq)
-      throw InvalidInput("delta " + describe(in.position) + " is not the one the merge record at " +
-                         describe(merge.position) + " names (learner " + d.header.learner_id + " seq " +
-                         std::to_string(d.header.seq) + ")");
-    tensors.push_back(std::move(d.tensors));
-  }
+  for (const auto& in : r.inputs) tensors.push_back(logged_delta(ctx, messages, in, merge.position).tensors);
   std::vector<MergeInput> inputs;
   for (size_t i = 0; i < r.inputs.size(); ++i) inputs.push_back(MergeInput{r.inputs[i], tensors[i]});
   MergeOptions options{.rule = r.rule, .optimizer = r.optimizer, .hyper = r.hyper,
@@ -101,6 +114,16 @@ std::vector<LoggedMerge> read_merges(const LogContext& ctx, int32_t partition, i
       },
       ctx.timeout_ms);
   return out;
+}
+
+bool continues_state(const FragmentState& state, const LoggedMerge& merge) {
+  // Records at or before the checkpoint are already in it.
+  if (state.last_merge && merge.position.offset <= state.last_merge->offset) return false;
+  if (merge.record.prev_version == state.version) return true;
+  if (merge.record.version <= state.version) return false;  // older than the checkpoint
+  throw InvalidInput("fragment " + std::to_string(state.fragment) + ": merge record at " +
+                     describe(merge.position) + " continues version " + std::to_string(merge.record.prev_version) +
+                     " but the log reached only version " + std::to_string(state.version));
 }
 
 std::map<uint32_t, RecoveredFragment> recover_partition(const LogContext& ctx, int32_t partition,
@@ -137,14 +160,7 @@ std::map<uint32_t, RecoveredFragment> recover_partition(const LogContext& ctx, i
     auto it = out.find(merge.record.fragment);
     if (it == out.end()) continue;
     auto& f = it->second;
-    // Records at or before the checkpoint are already in it.
-    if (f.state.last_merge && merge.position.offset <= f.state.last_merge->offset) continue;
-    if (merge.record.prev_version != f.state.version) {
-      if (merge.record.version <= f.state.version) continue;  // older than the checkpoint
-      throw InvalidInput("fragment " + std::to_string(f.state.fragment) + ": merge record at " +
-                         describe(merge.position) + " continues version " + std::to_string(merge.record.prev_version) +
-                         " but the log reached only version " + std::to_string(f.state.version));
-    }
+    if (!continues_state(f.state, merge)) continue;
     apply_logged_merge(ctx, f.state, merge);
     f.replayed.push_back(merge.record);
   }

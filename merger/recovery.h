@@ -10,10 +10,12 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "core/codec/messages.h"
 #include "core/config/run_config.h"
+#include "core/kafka/consumer.h"
 #include "core/kafka/options.h"
 #include "core/kafka/topics.h"
 #include "core/train/model_setup.h"
@@ -51,6 +53,28 @@ inline bool is_merge(const MergeRecord& r) { return !r.inputs.empty(); }
 // checksum, last_merge, accounted). Throws InvalidInput when a delta is missing or the checksum
 // differs, naming the record's position.
 void apply_logged_merge(const LogContext& ctx, FragmentState& state, const LoggedMerge& merge);
+
+// "topic[partition]@offset", as error messages name a position.
+std::string describe(const LogPosition& position);
+
+// Fetched messages by Kafka position (topic, partition, offset); they must outlive the index.
+using DeltaMessages = std::map<std::tuple<std::string, int32_t, int64_t>, const ConsumedMessage*>;
+DeltaMessages index_by_position(const std::vector<ConsumedMessage>& messages);
+
+// The delta `ref` names, decoded from `messages` and checked to be that learner's seq. Throws
+// InvalidInput naming the delta and the record at `named_by` when it is missing or another one.
+Delta logged_delta(const LogContext& ctx, const DeltaMessages& messages, const DeltaRef& ref,
+                   const LogPosition& named_by);
+
+// apply_logged_merge with the input deltas already fetched (`messages` may hold more), so that a
+// reader of many records fetches their deltas in one pass.
+void apply_logged_merge(const LogContext& ctx, FragmentState& state, const LoggedMerge& merge,
+                        const DeltaMessages& messages);
+
+// Whether `merge` is the record that continues `state`: false for one `state` already contains
+// (at or before its checkpoint's record, or older than its version), true for the next one.
+// Throws InvalidInput when the record leaves a gap (it continues a version `state` never reached).
+bool continues_state(const FragmentState& state, const LoggedMerge& merge);
 
 // Updates `accounted` with what a record accounts for: its inputs and its final drops
 // (PendingAtStop deltas stay unaccounted: a later owner merges them).

@@ -11,6 +11,7 @@ the mergers); then samples text from the final model and writes the report.
 import argparse
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -54,6 +55,26 @@ def load_config(path, overrides):
             fail(f"--set '{assignment}': expected section.key=value")
         config.setdefault(section, {})[name] = toml_value(value)
     return config
+
+
+def write_run_config(config_path, overrides, run_id, out_path):
+    """The run's config as the processes ran it: the file with run.id set to the run's id, so that
+    `diloco-replay -c RUN_DIR/config.toml` and `diloco-sample` need no more options; the other
+    overrides are listed at the top (pass them again as --set)."""
+    with open(config_path) as f:
+        text = f.read()
+    id_line = f'id = "{run_id}"  # set by scripts/run-local'
+    if re.search(r"(?m)^\s*id\s*=", text):
+        text = re.sub(r"(?m)^\s*id\s*=.*$", lambda _: id_line, text, count=1)
+    elif re.search(r"(?m)^\[run\]\s*$", text):
+        text = re.sub(r"(?m)^\[run\]\s*$", lambda _: "[run]\n" + id_line, text, count=1)
+    else:
+        text = f"[run]\n{id_line}\n\n" + text
+    header = f"# {os.path.relpath(config_path, ROOT)} of the repository, as run by scripts/run-local"
+    if overrides:
+        header += " with " + " ".join(f"--set {o}" for o in overrides)
+    with open(out_path, "w") as f:
+        f.write(header + "\n" + text)
 
 
 def cluster_shape(config, args):
@@ -197,7 +218,7 @@ class View:
             if 0 <= p < len(self.versions):
                 self.versions[p] = max(self.versions[p], e.get("version", 0))
                 self.owner[p] = name
-                self.last_merge[p] = time.time()
+                self.last_merge[p] = e.get("time_us", time.time() * 1e6) / 1e6
             self.merges += 1
             self.merged += len(e.get("inputs", []))
         if event == "merge" or event == "stop_record":
@@ -334,10 +355,7 @@ def main():
     run_id = f"{config.get('run', {}).get('id', 'run')}-{time.strftime('%Y%m%d-%H%M%S')}"
     run_dir = os.path.abspath(args.run_dir or os.path.join(ROOT, "runs", run_id))
     os.makedirs(run_dir, exist_ok=True)
-    with open(config_path) as src, open(os.path.join(run_dir, "config.toml"), "w") as dst:
-        dst.write(f"# {os.path.relpath(config_path, ROOT)}" +
-                  "".join(f" --set {o}" for o in args.overrides) + f" --set run.id=\"{run_id}\"\n")
-        dst.write(src.read())
+    write_run_config(config_path, args.overrides, run_id, os.path.join(run_dir, "config.toml"))
     run_info = {"run_id": run_id, "config": os.path.relpath(config_path, ROOT), "overrides": args.overrides,
                 "learners": learners, "regions": regions, "mergers": mergers,
                 "speed_factors": [speed[i] if i < len(speed) else 1.0 for i in range(learners)],

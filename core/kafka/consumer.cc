@@ -239,12 +239,15 @@ std::vector<ConsumedMessage> fetch_positions(const KafkaOptions& options,
                         std::to_string(timeout_ms) + " ms");
     auto message = reader.poll(200);
     if (!message) continue;
-    auto& offsets = wanted[{message->topic, message->partition}];
-    if (offsets.erase(message->offset)) {
+    // Read before the message is moved into `out`.
+    const std::pair<std::string, int32_t> partition{message->topic, message->partition};
+    const int64_t offset = message->offset;
+    auto& offsets = wanted[partition];
+    if (offsets.erase(offset)) {
       --remaining;
       out.push_back(std::move(*message));
     }
-    if (offsets.empty() || message->offset >= *offsets.rbegin()) done.insert({message->topic, message->partition});
+    if (offsets.empty() || offset >= *offsets.rbegin()) done.insert(partition);
   }
   return out;
 }

@@ -22,7 +22,7 @@ void save_model_file(const std::filesystem::path& path, const Transformer& model
   const auto& names = model.parameter_names();
   for (size_t i = 0; i < names.size(); ++i) parameters.insert(names[i], model.parameters()[i].detach().clone());
   torch::serialize::OutputArchive archive;
-  archive.write("parameters", c10::IValue(parameters));
+  archive.write("tensors", c10::IValue(parameters));
   archive.write("options", torch::tensor(options_vector(model.options()), torch::kInt64));
   archive.write("info", c10::IValue(info.dump()));
   if (path.has_parent_path()) std::filesystem::create_directories(path.parent_path());
@@ -50,7 +50,7 @@ LoadedModel load_model_file(const std::filesystem::path& path) {
     ModelOptions options{.vocab = v[0], .layers = v[1], .width = v[2], .heads = v[3], .context = v[4]};
     Transformer model(options, 0);
     c10::IValue parameters_value, info_value;
-    archive.read("parameters", parameters_value);
+    archive.read("tensors", parameters_value);
     archive.read("info", info_value);
     auto parameters = parameters_value.toGenericDict();
     torch::NoGradGuard no_grad;

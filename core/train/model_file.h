@@ -1,10 +1,10 @@
 // The model file: a trained model's parameters, its architecture and a few facts about where it
 // came from, in one libtorch archive. The learner (--export) writes it, diloco-sample reads it.
 //
-// The archive holds three attributes: "parameters" (a Dict[str, Tensor] keyed by the names of
+// The archive holds three attributes: "tensors" (a Dict[str, Tensor] keyed by the names of
 // Transformer::parameter_names), "options" (int64 [vocab, layers, width, heads, context]) and
-// "info" (a JSON string: run id, fragment versions, held-out loss, ...). From Python:
-//   m = torch.jit.load("final_model.pt"); m.parameters["head.weight"]; json.loads(m.info)
+// "info" (a JSON string: run id, fragment versions, held-out loss, ...), read with
+// torch::serialize::InputArchive (load_model_file below does).
 #pragma once
 
 #include <filesystem>

@@ -60,6 +60,11 @@ grep -q "run-local: .*learner-0 step" "$tmp/budget.out" || fail "no progress lin
   "$run/run.json" || fail "a process exited uncleanly: $(cat "$run/run.json")"
 check_no_leftovers "$run"
 pass "a budgeted run ends cleanly"
+# The run folder's config.toml names the run: replay verifies every version from the logs alone.
+"$DILOCO_BIN_DIR/diloco-replay" -c "$run/config.toml" verify >"$tmp/verify.out" 2>&1 ||
+  { cat "$tmp/verify.out"; fail "diloco-replay verify failed on the run"; }
+grep -q '^PASS' "$tmp/verify.out" || { cat "$tmp/verify.out"; fail "verify did not say PASS"; }
+pass "diloco-replay verify passes on the run folder's config"
 
 # 2. Ctrl-C in the middle: every child stops, the folder is complete.
 run="$tmp/interrupted"

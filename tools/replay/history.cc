@@ -1,0 +1,179 @@
+// rebuild and verify: every version of a fragment is its checkpoint plus the merge records after
+// it, applied by the merger's recovery code (merger/recovery.h).
+#include <chrono>
+#include <iostream>
+
+#include "core/errors.h"
+#include "core/train/model_file.h"
+#include "tools/replay/replay.h"
+#include "tools/replay/run_logs.h"
+#include "tools/replay/tensor_file.h"
+
+namespace diloco {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+std::string start_text(const FragmentLog& f) {
+  if (!f.start_position) return "genesis";
+  return "checkpoint v" + std::to_string(f.start.version) + " at " + describe(*f.start_position);
+}
+
+void warn_rejected(const LogPosition& p, const std::string& why) {
+  std::cerr << "diloco-replay: skipping the undecodable message at " << describe(p) << ": " << why << "\n";
+}
+
+// Every fragment's history, read one partition at a time.
+std::map<uint32_t, FragmentLog> read_histories(const ReplayRun& run, StartAt start, const OnRejected& rejected) {
+  std::map<uint32_t, FragmentLog> out;
+  for (int32_t partition = 0; partition < run.partitions; ++partition) out.merge(read_fragment_logs(run, partition, start, rejected));
+  return out;
+}
+
+// The state of one fragment at `version` (which its history must hold).
+FragmentState rebuild_fragment(const ReplayRun& run, const FragmentLog& f, uint64_t version) {
+  FragmentState state = f.start;
+  replay_records(run, state, f.merges, version, [](const FragmentState&, const LoggedMerge&) {});
+  if (state.version != version)
+    throw InvalidInput("fragment " + std::to_string(state.fragment) + ": the merge log stops at version " +
+                       std::to_string(state.version) + ", not " + std::to_string(version));
+  return state;
+}
+
+// Tracks one fragment's verification: compares checkpoints with the rebuilt state and reports
+// progress every few seconds.
+class FragmentCheck {
+ public:
+  FragmentCheck(const FragmentLog& log, VerifyReport& report, std::ostream& progress)
+      : log_(log), report_(report), progress_(progress) {}
+
+  // Every checkpoint of `state.version` other than the start must match it.
+  void compare_checkpoints(const FragmentState& state) {
+    for (const auto& c : log_.checkpoints) {
+      if (c.version != state.version || c.position == log_.start_position) continue;
+      ++report_.checkpoints;
+      const uint64_t momentum = checksum_fp32(state.momentum);
+      if (c.checksum != state.checksum || c.momentum_checksum != momentum)
+        fail("checkpoint at " + describe(c.position) + " of version " + std::to_string(c.version) +
+             " has checksum " + std::to_string(c.checksum) + " (momentum " + std::to_string(c.momentum_checksum) +
+             "), the rebuilt state " + std::to_string(state.checksum) + " (momentum " + std::to_string(momentum) + ")");
+    }
+  }
+
+  void applied(const FragmentState& state, const LoggedMerge& merge) {
+    if (!is_merge(merge.record)) return;  // an accounting record keeps the version
+    ++report_.versions;
+    compare_checkpoints(state);
+    if (Clock::now() - last_report_ > std::chrono::seconds(2)) {
+      last_report_ = Clock::now();
+      progress_ << "verify: fragment " << state.fragment << ": version " << state.version << " of "
+                << log_.latest_version << "\n";
+    }
+  }
+
+  void fail(const std::string& what) {
+    if (!failed_) report_.mismatches.push_back("fragment " + std::to_string(log_.start.fragment) + ": " + what);
+    failed_ = true;
+  }
+  bool failed() const { return failed_; }
+
+ private:
+  const FragmentLog& log_;
+  VerifyReport& report_;
+  std::ostream& progress_;
+  Clock::time_point last_report_ = Clock::now();
+  bool failed_ = false;
+};
+
+void verify_fragment(const ReplayRun& run, const FragmentLog& f, VerifyReport& report, std::ostream& progress) {
+  FragmentCheck check(f, report, progress);
+  FragmentState state = f.start;
+  if (f.start_position && state.version == 0) {
+    const uint64_t genesis = genesis_state(run.config, run.setup, state.fragment).checksum;
+    if (genesis != state.checksum)
+      check.fail("the version 0 checkpoint at " + describe(*f.start_position) + " has checksum " +
+                 std::to_string(state.checksum) + " but this config's genesis " + std::to_string(genesis) +
+                 ": the run was started with another config (seed or model)");
+  }
+  check.compare_checkpoints(state);
+  try {
+    replay_records(run, state, f.merges, UINT64_MAX,
+                   [&](const FragmentState& s, const LoggedMerge& m) { check.applied(s, m); });
+  } catch (const InvalidInput& e) {
+    check.fail(e.what());
+    return;
+  }
+  for (const auto& c : f.checkpoints)
+    if (c.version > state.version)
+      check.fail("checkpoint at " + describe(c.position) + " is version " + std::to_string(c.version) +
+                 " but the merge log rebuilds only up to version " + std::to_string(state.version));
+  progress << "verify: fragment " << state.fragment << ": " << (check.failed() ? "MISMATCH" : "ok") << " from "
+           << start_text(f) << " to version " << state.version << "\n";
+}
+
+}  // namespace
+
+void rebuild(const ReplayRun& run, const RebuildOptions& o, std::ostream& out) {
+  const uint32_t fragments = run.setup.layout.num_fragments();
+  if (o.fragment && *o.fragment >= fragments)
+    throw InvalidInput("--fragment " + std::to_string(*o.fragment) + ": the model has fragments 0.." +
+                       std::to_string(fragments - 1));
+  std::map<uint32_t, FragmentLog> logs =
+      o.fragment ? read_fragment_logs(run, run.partition_of(*o.fragment), StartAt{.at_most = o.version}, warn_rejected)
+                 : read_histories(run, StartAt{.at_most = o.version}, warn_rejected);
+  std::string latest;
+  uint64_t newest = 0;
+  for (const auto& [p, f] : logs)
+    if (!o.fragment || p == *o.fragment) {
+      latest += (latest.empty() ? "" : ", ") + std::to_string(p) + ": " + std::to_string(f.latest_version);
+      newest = std::max(newest, f.latest_version);
+    }
+  if (o.version > newest)
+    throw InvalidInput("version " + std::to_string(o.version) + " does not exist: the newest version " +
+                       (o.fragment ? "of fragment " + std::to_string(*o.fragment) + " is " + std::to_string(newest)
+                                   : "of any fragment is " + std::to_string(newest) + " (per fragment " + latest + ")"));
+
+  nlohmann::json versions = nlohmann::json::object(), checksums = nlohmann::json::object();
+  std::vector<FragmentState> states;
+  for (const auto& [p, f] : logs) {
+    if (o.fragment && p != *o.fragment) continue;
+    const uint64_t version = std::min(o.version, f.latest_version);
+    states.push_back(rebuild_fragment(run, f, version));
+    versions[std::to_string(p)] = version;
+    checksums[std::to_string(p)] = states.back().checksum;
+    out << "fragment " << p << ": version " << version << " checksum " << states.back().checksum << " (from "
+        << start_text(f) << ")\n";
+  }
+  nlohmann::json info{{"kind", "rebuild"}, {"run_id", run.config.run.id}, {"fingerprint", run.setup.layout.fingerprint},
+                      {"version", o.version}, {"versions", versions}, {"checksums", checksums},
+                      {"config", run.config.source}};
+  if (o.fragment) {
+    const auto& state = states.front();
+    save_tensor_archive(o.out, "tensors", state.params, run.setup.layout.fragments.at(state.fragment), info);
+  } else {
+    ModelSetup model = build_model(run.config);
+    for (const auto& state : states) load_fragment(model.model, model.layout, state.fragment, state.params);
+    save_model_file(o.out, model.model, info);
+  }
+  out << "wrote " << o.out.string() << "\n";
+}
+
+VerifyReport verify(const ReplayRun& run, std::ostream& progress) {
+  VerifyReport report;
+  auto rejected = [&](const LogPosition& p, const std::string& why) {
+    report.mismatches.push_back("undecodable message at " + describe(p) + ": " + why);
+  };
+  for (int32_t partition = 0; partition < run.partitions; ++partition) {
+    auto logs = read_fragment_logs(run, partition, StartAt{.earliest = true}, rejected);
+    for (const auto& [p, f] : logs) {
+      progress << "verify: fragment " << p << ": " << f.merges.size() << " merge records after " << start_text(f)
+               << ", " << f.checkpoints.size() << " checkpoints\n";
+      verify_fragment(run, f, report, progress);
+      ++report.fragments;
+    }
+  }
+  return report;
+}
+
+}  // namespace diloco

@@ -1,0 +1,184 @@
+// diloco-replay: reads a run's durable logs (the delta topics, `merges` and `state`) offline to
+// inspect what each learner sent and what became of it, rebuild any version of any fragment,
+// verify every checksum, and re-run the merge policy with other settings (ARCHITECTURE.md
+// sections 7 and 8). Rebuilding goes through the merger's own recovery code (merger/recovery.h),
+// so replay and a recovering merger can never disagree.
+//
+// Every read is read_committed and ends at the end of each log as of the call, so the commands
+// work on a live run as on a finished one.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <iosfwd>
+#include <map>
+#include <optional>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "core/config/run_config.h"
+#include "core/kafka/options.h"
+#include "core/kafka/topics.h"
+#include "core/train/model_setup.h"
+#include "merger/recovery.h"
+
+namespace diloco {
+
+// ---- the run --------------------------------------------------------------------------------
+
+struct ReplayOptions {
+  std::filesystem::path config_file;   // the run config the learners and mergers ran with
+  std::vector<std::string> overrides;  // "section.key=value", as --set of the other binaries
+  std::string run_id;                  // non-empty: overrides run.id
+  KafkaOptions kafka;
+  std::vector<std::string> regions;    // empty: every diloco.<run>.deltas.<region> topic
+  int timeout_ms = 120000;             // bound of one read of a log to its end
+};
+
+// A run opened for reading: its config, model layout (to decode and rebuild), and topics.
+struct ReplayRun {
+  RunConfig config;
+  ModelSetup setup;
+  KafkaOptions kafka;
+  RunTopics topics;
+  std::vector<std::string> delta_topics;  // one per region, sorted
+  int partitions = 1;                     // NP of every topic but members and rejected
+  int timeout_ms = 120000;
+
+  DecodeLimits limits() const;
+  LogContext context() const;  // views this run: keep the run alive while it is used
+  int32_t partition_of(uint32_t fragment) const;
+  std::vector<uint32_t> fragments_of(int32_t partition) const;
+};
+
+// Loads the config, waits for the broker (Unavailable after kafka.connect_timeout_ms) and checks
+// that the run's topics exist with the same partition count. Throws InvalidInput naming the
+// missing topic and a way out.
+ReplayRun open_run(const ReplayOptions& options);
+
+using Position = std::tuple<std::string, int32_t, int64_t>;  // topic, partition, offset
+Position position_key(const LogPosition& p);
+
+// Told about each message that fails strict decoding (its position, the reason) and is skipped.
+using OnRejected = std::function<void(const LogPosition&, const std::string&)>;
+
+// ---- what became of each delta (from the merge records) -------------------------------------
+
+struct DeltaFate {
+  enum class Kind { Unaccounted, Merged, Dropped, Pending };
+  Kind kind = Kind::Unaccounted;
+  uint64_t version = 0;    // Merged: the version it went into
+  double weight = 0;       // Merged: raw weight, as recorded
+  double share = 0;        // Merged: its share of that merge (weights normalised to sum 1)
+  uint64_t staleness = 0;  // Merged and Dropped
+  DropReason reason = DropReason::None;  // Dropped, Pending (PendingAtStop)
+  std::string detail;
+  LogPosition record;      // the merge record that says so
+};
+const char* fate_kind_name(DeltaFate::Kind kind);
+
+// Fates of the deltas named by the merge records of the given partitions of `merges` (a delta in
+// delta partition i is accounted for in merges partition i). A later record overrides an earlier
+// "pending at stop". Undecodable records are reported to `rejected` and skipped.
+std::map<Position, DeltaFate> delta_fates(const ReplayRun& run, const std::vector<int32_t>& partitions,
+                                          const OnRejected& rejected);
+
+// ---- list, show, dump -----------------------------------------------------------------------
+
+struct ListOptions {
+  std::vector<std::string> topics;  // delta topics or region names; empty: every region
+  std::optional<int32_t> partition;
+  std::optional<int64_t> from_offset, to_offset;  // inclusive
+  std::optional<int64_t> since_ms, until_ms;      // Kafka timestamps, unix milliseconds
+  std::optional<uint32_t> fragment;
+  std::string learner;                            // empty: every learner
+  bool json = false;                              // JSON lines instead of a table
+};
+
+// Prints one line per delta in the range with its fate. A delta that fails strict decoding is
+// listed as rejected with its reason; it never stops the listing.
+void list_deltas(const ReplayRun& run, const ListOptions& options, std::ostream& out);
+
+// "2026-11-30T09:30:00Z" (UTC), unix seconds, "now", or "-90s" / "-15m" / "-2h" / "-1d" before
+// now; returns unix milliseconds. Throws InvalidInput for anything else.
+int64_t parse_time_ms(const std::string& text);
+
+enum class ShowWhat { Delta, Merge, State };
+struct ShowOptions {
+  ShowWhat what = ShowWhat::Delta;
+  LogPosition position;  // Delta: a delta topic or region name; implied for Merge and State
+  int first_values = 8;  // per tensor
+};
+// Prints the message at the position as one JSON document (tensors summarised).
+void show(const ReplayRun& run, const ShowOptions& options, std::ostream& out);
+
+// Writes a delta's decoded (dequantized fp32) tensors to `out` as a tensor archive (see
+// tensor_file.h) with the tensors under "tensors", keyed by their names in the model. The topic
+// may be a region name.
+void dump_delta(const ReplayRun& run, LogPosition position, const std::filesystem::path& out, std::ostream& log);
+
+// ---- rebuild, verify ------------------------------------------------------------------------
+
+struct RebuildOptions {
+  uint64_t version = 0;
+  std::optional<uint32_t> fragment;  // none: every fragment, each at min(version, its latest)
+  std::filesystem::path out;
+};
+// Rebuilds and writes the parameters: with one fragment, a tensor archive of its tensors under
+// "tensors"; with every fragment, a model file (core/train/model_file.h). Prints one line per
+// fragment. Throws InvalidInput when the version does not exist.
+void rebuild(const ReplayRun& run, const RebuildOptions& options, std::ostream& out);
+
+struct VerifyReport {
+  size_t fragments = 0;
+  size_t versions = 0;     // merge records applied and checked
+  size_t checkpoints = 0;  // checkpoints compared with the rebuilt state
+  std::vector<std::string> mismatches;  // the first of each fragment, naming its position
+  bool ok() const { return mismatches.empty(); }
+};
+// Rebuilds every version of every fragment from its earliest checkpoint (genesis if none),
+// checking every merge record's checksum and every later checkpoint against the rebuilt state.
+// Progress goes to `progress`.
+VerifyReport verify(const ReplayRun& run, std::ostream& progress);
+
+// ---- remerge --------------------------------------------------------------------------------
+
+// Settings left empty are taken from each merge record, i.e. as the run merged.
+struct RemergeOptions {
+  std::optional<MergeRule> rule;
+  std::optional<OuterOptimizerKind> optimizer;
+  std::optional<float> staleness_alpha, lr, momentum;
+  std::optional<uint32_t> quorum;
+  int64_t eval_batches = -1;  // held-out batches; -1: train.eval_batches of the config; 0: none
+};
+
+struct RemergedFragment {
+  uint32_t fragment = 0;
+  uint64_t original_version = 0, original_checksum = 0;  // the run's newest version
+  uint64_t version = 0, checksum = 0;                    // after the re-merge
+  uint64_t start_version = 0;  // the checkpoint (or genesis) both start from
+  size_t merges = 0;           // re-merges made
+  size_t unmerged = 0;         // deltas still pending at the end (a larger quorum not reached)
+};
+
+struct RemergeReport {
+  bool regrouped = false;  // quorum changed: arrivals grouped anew instead of as recorded
+  std::vector<RemergedFragment> fragments;
+  std::optional<double> original_loss, remerged_loss;  // held-out, nats/char
+};
+
+// Re-runs the merge policy over the recorded deltas in their recorded arrival order. With the
+// recorded quorum each merge takes the inputs its record names (weights recomputed with the new
+// staleness_alpha); with another quorum K the deltas each record accounts for (merged or dropped
+// for good) are offered, in send-time order, to the merger's FragmentMerger, which merges as soon
+// as K learners are pending. Delta base versions map to the re-merged version current when the
+// original base version was made.
+RemergeReport remerge(const ReplayRun& run, const RemergeOptions& options, std::ostream& progress);
+void print_remerge(const RemergeReport& report, bool json, std::ostream& out);
+
+const char* merge_rule_name(MergeRule rule);               // "rda" | "avg", as in the config
+const char* optimizer_name(OuterOptimizerKind optimizer);  // "nesterov" | "sgd"
+
+}  // namespace diloco

@@ -1,0 +1,342 @@
+#include "tools/replay/run_logs.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+
+#include "core/errors.h"
+
+namespace diloco {
+
+namespace {
+
+constexpr size_t kWindowDeltas = 256;  // deltas fetched per read when replaying records
+
+std::string join(const std::vector<std::string>& items) {
+  std::string out;
+  for (const auto& item : items) out += (out.empty() ? "" : ", ") + item;
+  return out;
+}
+
+// The run's delta topics: the named regions, or every diloco.<run>.deltas.* topic.
+std::vector<std::string> find_delta_topics(const RunTopics& topics, const std::vector<std::string>& regions,
+                                           const std::map<std::string, int>& existing) {
+  std::vector<std::string> out;
+  if (!regions.empty()) {
+    for (const auto& region : regions) {
+      std::string name = topics.deltas(region);
+      if (!existing.count(name))
+        throw InvalidInput("region " + region + ": no topic " + name + " (leave --regions out to find the run's regions)");
+      out.push_back(name);
+    }
+  } else {
+    const std::string prefix = topics.deltas("");
+    for (const auto& [name, n] : existing)
+      if (name.size() > prefix.size() && name.compare(0, prefix.size(), prefix) == 0) out.push_back(name);
+    if (out.empty())
+      throw InvalidInput("run " + topics.run_id + " has no delta topics (" + prefix + "<region>): no learner has " +
+                         "published yet, or pass --regions A,B");
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+// apply_logged_merge, with the record's position in every error (most already name it).
+void apply_record(const LogContext& ctx, FragmentState& state, const LoggedMerge& merge, const DeltaMessages& deltas) {
+  try {
+    apply_logged_merge(ctx, state, merge, deltas);
+  } catch (const InvalidInput& e) {
+    const std::string where = describe(merge.position);
+    if (std::string(e.what()).find(where) != std::string::npos) throw;
+    throw InvalidInput("merge record at " + where + ": " + e.what());
+  }
+}
+
+}  // namespace
+
+// ---- the run --------------------------------------------------------------------------------
+
+DecodeLimits ReplayRun::limits() const {
+  return DecodeLimits{.run_id = config.run.id, .fingerprint = setup.layout.fingerprint, .layout = &setup.layout,
+                      .max_message_bytes = kafka.max_message_bytes};
+}
+
+LogContext ReplayRun::context() const {
+  return LogContext{.kafka = kafka, .topics = topics, .config = &config, .setup = &setup, .limits = limits(),
+                    .timeout_ms = timeout_ms};
+}
+
+int32_t ReplayRun::partition_of(uint32_t fragment) const {
+  return static_cast<int32_t>(fragment % static_cast<uint32_t>(partitions));
+}
+
+std::vector<uint32_t> ReplayRun::fragments_of(int32_t partition) const {
+  std::vector<uint32_t> out;
+  for (uint32_t p = 0; p < setup.layout.num_fragments(); ++p)
+    if (partition_of(p) == partition) out.push_back(p);
+  return out;
+}
+
+ReplayRun open_run(const ReplayOptions& options) {
+  std::vector<std::string> overrides = options.overrides;
+  if (!options.run_id.empty()) overrides.push_back("run.id=\"" + options.run_id + "\"");
+  RunConfig config = load_run_config(options.config_file, overrides);
+  ModelSetup setup = build_model(config);
+  RunTopics topics{config.run.id};
+  wait_for_broker(options.kafka);
+  auto existing = topic_partitions(options.kafka, options.timeout_ms);
+  auto partitions_of = [&](const std::string& topic) {
+    auto it = existing.find(topic);
+    if (it == existing.end())
+      throw InvalidInput("run " + config.run.id + " not found at " + options.kafka.bootstrap_servers + ": no topic " +
+                         topic + ". Check --run (or run.id in " + options.config_file.string() +
+                         ") and --bootstrap; `scripts/broker status` lists the topics.");
+    return it->second;
+  };
+  const int partitions = partitions_of(topics.merges());
+  auto delta_topics = find_delta_topics(topics, options.regions, existing);
+  std::vector<std::string> co_partitioned = delta_topics;
+  co_partitioned.push_back(topics.state());
+  for (const auto& topic : co_partitioned)
+    if (partitions_of(topic) != partitions)
+      throw InvalidInput(topic + " has " + std::to_string(partitions_of(topic)) + " partitions but " + topics.merges() +
+                         " has " + std::to_string(partitions) + ": these are not one run's topics");
+  return ReplayRun{.config = std::move(config), .setup = std::move(setup), .kafka = options.kafka,
+                   .topics = std::move(topics), .delta_topics = std::move(delta_topics),
+                   .partitions = partitions, .timeout_ms = options.timeout_ms};
+}
+
+Position position_key(const LogPosition& p) { return {p.topic, p.partition, p.offset}; }
+
+// ---- Kafka reads ----------------------------------------------------------------------------
+
+std::map<std::string, int> topic_partitions(const KafkaOptions& kafka, int timeout_ms) {
+  Consumer probe(ConsumerOptions{.kafka = kafka});
+  auto topics = probe.list_topics(timeout_ms);
+  return {topics.begin(), topics.end()};
+}
+
+void read_ranges(const KafkaOptions& kafka, const std::vector<OffsetRange>& ranges,
+                 const std::function<void(const ConsumedMessage&)>& on_message, int timeout_ms) {
+  std::vector<TopicPartitionOffset> starts;
+  std::map<std::pair<std::string, int32_t>, int64_t> ends;  // unfinished partitions
+  for (const auto& r : ranges)
+    if (r.begin < r.end) {
+      starts.push_back({r.topic, r.partition, r.begin});
+      ends[{r.topic, r.partition}] = r.end;
+    }
+  if (starts.empty()) return;
+  ConsumerOptions reader_options{.kafka = kafka};
+  reader_options.kafka.extra.emplace_back("fetch.wait.max.ms", "10");  // a short log ends fast
+  Consumer reader(reader_options);
+  reader.assign(starts);
+  auto stalled_at = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  while (!ends.empty() && !reader.at_end()) {
+    if (std::chrono::steady_clock::now() > stalled_at)
+      throw Unavailable("no message from " + ends.begin()->first.first + " for " + std::to_string(timeout_ms) + " ms");
+    auto message = reader.poll(200);
+    if (!message) continue;
+    stalled_at = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+    auto it = ends.find({message->topic, message->partition});
+    if (it == ends.end()) continue;
+    if (message->offset < it->second) on_message(*message);
+    if (message->offset + 1 >= it->second) ends.erase(it);
+  }
+}
+
+ConsumedMessage fetch_one(const ReplayRun& run, const LogPosition& position) {
+  auto existing = topic_partitions(run.kafka, run.timeout_ms);
+  auto topic = existing.find(position.topic);
+  if (topic == existing.end())
+    throw InvalidInput("no topic " + position.topic + " (the run's delta topics: " + join(run.delta_topics) + ")");
+  if (position.partition < 0 || position.partition >= topic->second)
+    throw InvalidInput(position.topic + " has partitions 0.." + std::to_string(topic->second - 1) + ", not " +
+                       std::to_string(position.partition));
+  auto found = fetch_positions(run.kafka, {{position.topic, position.partition, position.offset}}, run.timeout_ms);
+  if (!found.empty()) return std::move(found.front());
+  Consumer probe(ConsumerOptions{.kafka = run.kafka});
+  auto [low, high] = probe.watermarks(position.topic, position.partition, run.timeout_ms);
+  throw InvalidInput("no committed message at " + describe(position) + " (the partition holds offsets " +
+                     std::to_string(low) + ".." + std::to_string(high - 1) + ")");
+}
+
+// ---- fragment histories ---------------------------------------------------------------------
+
+std::map<uint32_t, FragmentLog> read_fragment_logs(const ReplayRun& run, int32_t partition, StartAt start,
+                                                   const OnRejected& rejected) {
+  const LogContext ctx = run.context();
+  std::map<uint32_t, FragmentLog> out;
+  for (uint32_t p : run.fragments_of(partition)) out[p];
+  read_partitions_to_end(
+      run.kafka, {{run.topics.state(), partition, -2}},
+      [&](const ConsumedMessage& m) {
+        if (m.tombstone) return;
+        LogPosition position{m.topic, m.partition, m.offset};
+        FragmentState s;
+        try {
+          s = decode_fragment_state(m.value, ctx.limits);
+        } catch (const Rejection& e) {
+          rejected(position, std::string("checkpoint: ") + e.what());
+          return;
+        }
+        auto it = out.find(s.fragment);
+        if (it == out.end()) return;  // not in this partition: reported by its own partition's reader
+        FragmentLog& f = it->second;
+        f.checkpoints.push_back({s.version, s.checksum, checksum_fp32(s.momentum), position});
+        f.latest_version = std::max(f.latest_version, s.version);
+        const bool eligible = start.earliest || s.version <= start.at_most;
+        const bool preferred = !f.start_position ||
+                               (start.earliest ? s.version < f.start.version : s.version >= f.start.version);
+        if (eligible && preferred) {
+          f.start = std::move(s);
+          f.start_position = position;
+        }
+      },
+      run.timeout_ms);
+  for (auto& [p, f] : out)
+    if (!f.start_position) f.start = genesis_state(run.config, run.setup, p);
+  for (auto& merge : read_merges(ctx, partition, -2, rejected)) {
+    auto it = out.find(merge.record.fragment);
+    if (it == out.end()) continue;
+    FragmentLog& f = it->second;
+    f.latest_version = std::max(f.latest_version, merge.record.version);
+    // Records up to the start checkpoint's own record are already in it.
+    if (f.start.last_merge && merge.position.offset <= f.start.last_merge->offset) continue;
+    f.merges.push_back(std::move(merge));
+  }
+  return out;
+}
+
+std::vector<LogPosition> input_positions(const MergeRecord& record) {
+  std::vector<LogPosition> out;
+  for (const auto& in : record.inputs) out.push_back(in.position);
+  return out;
+}
+
+void for_each_with_deltas(const ReplayRun& run, std::span<const LoggedMerge> merges, const NamedDeltas& named,
+                          const std::function<bool(const LoggedMerge&, const DeltaMessages&)>& visit) {
+  for (size_t begin = 0; begin < merges.size();) {
+    std::vector<TopicPartitionOffset> wanted;
+    size_t end = begin;
+    while (end < merges.size() && (end == begin || wanted.size() < kWindowDeltas)) {
+      for (const auto& p : named(merges[end].record)) wanted.push_back({p.topic, p.partition, p.offset});
+      ++end;
+    }
+    const auto messages = fetch_positions(run.kafka, wanted, run.timeout_ms);
+    const DeltaMessages index = index_by_position(messages);
+    for (size_t i = begin; i < end; ++i)
+      if (!visit(merges[i], index)) return;
+    begin = end;
+  }
+}
+
+void replay_records(const ReplayRun& run, FragmentState& state, std::span<const LoggedMerge> merges,
+                    uint64_t until, const std::function<void(const FragmentState&, const LoggedMerge&)>& applied) {
+  // Records past `until` need no deltas fetched.
+  size_t needed = 0;
+  while (needed < merges.size() && merges[needed].record.version <= until) ++needed;
+  const LogContext ctx = run.context();
+  for_each_with_deltas(run, merges.first(needed), input_positions,
+                       [&](const LoggedMerge& merge, const DeltaMessages& deltas) {
+                         if (is_merge(merge.record) && state.version >= until) return false;
+                         if (!continues_state(state, merge)) return true;
+                         apply_record(ctx, state, merge, deltas);
+                         applied(state, merge);
+                         return true;
+                       });
+}
+
+// ---- JSON helpers ---------------------------------------------------------------------------
+
+double l2_norm(std::span<const DenseTensor> tensors) {
+  double sum = 0;
+  for (const auto& t : tensors)
+    for (float v : t.values) sum += static_cast<double>(v) * v;
+  return std::sqrt(sum);
+}
+
+nlohmann::json tensor_summaries(std::span<const DenseTensor> tensors, std::span<const TensorSpec> layout,
+                                int first_values) {
+  nlohmann::json out = nlohmann::json::array();
+  for (const auto& t : tensors) {
+    const auto& v = t.values;
+    auto [lo, hi] = std::minmax_element(v.begin(), v.end());
+    size_t first = std::min(v.size(), static_cast<size_t>(std::max(0, first_values)));
+    out.push_back({{"index", t.index},
+                   {"name", t.index < layout.size() ? layout[t.index].name : ""},
+                   {"shape", t.shape},
+                   {"numel", v.size()},
+                   {"l2_norm", l2_norm(std::span<const DenseTensor>(&t, 1))},
+                   {"min", v.empty() ? 0.0f : *lo},
+                   {"max", v.empty() ? 0.0f : *hi},
+                   {"first", std::vector<float>(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(first))}});
+  }
+  return out;
+}
+
+nlohmann::json position_json(const LogPosition& p) {
+  return {{"topic", p.topic}, {"partition", p.partition}, {"offset", p.offset}};
+}
+
+const char* fate_kind_name(DeltaFate::Kind kind) {
+  switch (kind) {
+    case DeltaFate::Kind::Unaccounted: return "unaccounted";
+    case DeltaFate::Kind::Merged: return "merged";
+    case DeltaFate::Kind::Dropped: return "dropped";
+    case DeltaFate::Kind::Pending: return "pending";
+  }
+  return "unknown";
+}
+
+nlohmann::json fate_json(const DeltaFate& fate) {
+  nlohmann::json out{{"fate", fate_kind_name(fate.kind)}};
+  switch (fate.kind) {
+    case DeltaFate::Kind::Unaccounted: return out;
+    case DeltaFate::Kind::Merged:
+      out["version"] = fate.version;
+      out["weight"] = fate.weight;
+      out["share"] = fate.share;
+      out["staleness"] = fate.staleness;
+      break;
+    case DeltaFate::Kind::Dropped:
+    case DeltaFate::Kind::Pending:
+      out["reason"] = drop_reason_name(fate.reason);
+      out["detail"] = fate.detail;
+      out["staleness"] = fate.staleness;
+      break;
+  }
+  out["record"] = position_json(fate.record);
+  return out;
+}
+
+nlohmann::json rejection_json(const Rejection& rejection) {
+  const std::string reason = reject_reason_name(rejection.reason);
+  std::string detail = rejection.what();
+  if (detail.rfind(reason + ": ", 0) == 0) detail.erase(0, reason.size() + 2);
+  return {{"fate", "rejected"}, {"reason", reason}, {"detail", detail}};
+}
+
+std::map<Position, DeltaFate> delta_fates(const ReplayRun& run, const std::vector<int32_t>& partitions,
+                                          const OnRejected& rejected) {
+  const LogContext ctx = run.context();
+  std::map<Position, DeltaFate> out;
+  for (int32_t partition : partitions)
+    for (const auto& [record, position] : read_merges(ctx, partition, -2, rejected)) {
+      double total = 0;
+      for (const auto& in : record.inputs) total += in.weight;
+      for (const auto& in : record.inputs)
+        out[position_key(in.position)] = DeltaFate{.kind = DeltaFate::Kind::Merged, .version = record.version,
+                                                   .weight = in.weight, .share = total > 0 ? in.weight / total : 0,
+                                                   .staleness = in.staleness, .record = position};
+      for (const auto& d : record.dropped) {
+        const bool pending = d.reason == DropReason::PendingAtStop;
+        DeltaFate& fate = out[position_key(d.delta.position)];
+        if (pending && fate.kind != DeltaFate::Kind::Unaccounted && fate.kind != DeltaFate::Kind::Pending) continue;
+        fate = DeltaFate{.kind = pending ? DeltaFate::Kind::Pending : DeltaFate::Kind::Dropped,
+                         .staleness = d.delta.staleness, .reason = d.reason, .detail = d.detail, .record = position};
+      }
+    }
+  return out;
+}
+
+}  // namespace diloco
