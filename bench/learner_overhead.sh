@@ -4,7 +4,7 @@
 # real merger, one learner at a time (A/B alternating, so slow drifts of a shared machine cancel).
 #
 #   bench/learner_overhead.sh [--config configs/tiny.toml] [--steps 400] [--pairs 3]
-#                             [--H "8 default 8/nomerger"] [--skip 50] [--keep] [--keep-topics]
+#                             [--H "8 default 8/nomerger"] [--skip 50] [--keep] [--keep-topics] [--pin]
 #
 # For every case in --H (an H value, "default" = the config's value; "/nomerger": stop the merger
 # once it has written genesis, so the deltas wait in Kafka and nothing is merged or adopted: the
@@ -16,6 +16,12 @@
 # those two events), from the learner's metrics.jsonl. Prints every run, then per H the ratio
 # publish / no-publish of each pair and their mean, min and max.
 #
+# --pin: the learner (all its threads) runs on CPU 0, the merger and the broker on CPU 1, as when
+# the merger and the broker run on other machines: the ratio is then the learner's own cost of
+# publishing (its training thread and its producer, inbox and heartbeat threads sharing one core),
+# without the merger's and the broker's work competing for the learner's core. The broker's CPU
+# affinity is restored on exit.
+#
 # Needs: a running broker (scripts/broker start), build/bin/diloco-{learner,merger}, python3.
 # Never starts or stops the broker; kills every process it started on exit and deletes the topics
 # of its runs (unless --keep-topics); --keep keeps the metrics files (the path is printed).
@@ -24,7 +30,7 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BIN="${DILOCO_BIN:-$ROOT/build/bin}"
 BOOTSTRAP="${DILOCO_BOOTSTRAP:-127.0.0.1:19092}"
 
-config="configs/tiny.toml" steps=400 pairs=3 hs="8 default 8/nomerger" skip=50 keep=0 keep_topics=0
+config="configs/tiny.toml" steps=400 pairs=3 hs="8 default 8/nomerger" skip=50 keep=0 keep_topics=0 pin=0
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --config) config="$2"; shift 2 ;;
@@ -34,7 +40,8 @@ while [[ $# -gt 0 ]]; do
     --skip) skip="$2"; shift 2 ;;
     --keep) keep=1; shift ;;
     --keep-topics) keep_topics=1; shift ;;
-    -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
+    --pin) pin=1; shift ;;
+    -h|--help) sed -n "2,28p" "$0"; exit 0 ;;
     *) echo "unknown option $1" >&2; exit 2 ;;
   esac
 done
@@ -56,7 +63,9 @@ delete_topics() {  # the topics of this script's runs, nothing else
     >/dev/null 2>&1 || echo "could not delete the topics of runs ${RUNS[*]}" >&2
 }
 
+pin_learner=() pin_merger=() broker_mask=""
 cleanup() {
+  [[ -z "$broker_mask" ]] || taskset -a -p "$broker_mask" "$broker_pid" >/dev/null 2>&1 || true
   local pid
   for pid in "${PIDS[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
   for pid in "${PIDS[@]}"; do
@@ -118,9 +127,15 @@ while True:
     time.sleep(0.1)
 PY
 broker_pid="$(cat "$ROOT/.run/broker/node-1/pid" 2>/dev/null || echo 0)"
+if ((pin)); then
+  ((broker_pid > 0)) || { echo "--pin needs the broker's pid in .run/broker/node-1/pid" >&2; exit 1; }
+  broker_mask="$(taskset -p "$broker_pid" | awk '{print $NF}')"
+  taskset -a -p -c 1 "$broker_pid" >/dev/null
+  pin_learner=(taskset -c 0) pin_merger=(taskset -c 1)
+fi
 
 echo "# learner_overhead: $(date -u) | nproc $(nproc) | $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ //')"
-echo "# config $config, $steps steps per learner, $pairs pairs per H, rate from step $skip on; load: $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "# config $config, $steps steps per learner, $pairs pairs per H, rate from step $skip on; pinned: $( ((pin)) && echo "learner CPU 0, merger and broker CPU 1" || echo no); load: $(cut -d' ' -f1-3 /proc/loadavg)"
 results="$OUT/results.tsv"
 : >"$results"
 
@@ -132,7 +147,7 @@ for case_ in $hs; do
   [[ "$H" == default ]] || sets+=(--set "diloco.H=$H")
   scripts/broker topics --run "$run" --regions r0 --partitions 4 >/dev/null 2>&1
   RUNS+=("$run")
-  "$BIN/diloco-merger" -c "$config" "${sets[@]}" --id M0 --bootstrap "$BOOTSTRAP" --run-dir "$OUT/$run/M0" \
+  "${pin_merger[@]}" "$BIN/diloco-merger" -c "$config" "${sets[@]}" --id M0 --bootstrap "$BOOTSTRAP" --run-dir "$OUT/$run/M0" \
     >"$OUT/$run-M0.log" 2>&1 &
   merger=$!
   PIDS+=("$merger")
@@ -152,7 +167,7 @@ for case_ in $hs; do
       flags=()
       [[ "$mode" == no-publish ]] && flags=(--no-publish)
       load="$(cut -d' ' -f1 /proc/loadavg)"
-      "$BIN/diloco-learner" -c "$config" "${sets[@]}" "${flags[@]}" --id "$id" --region r0 --regions r0 \
+      "${pin_learner[@]}" "$BIN/diloco-learner" -c "$config" "${sets[@]}" "${flags[@]}" --id "$id" --region r0 --regions r0 \
         --bootstrap "$BOOTSTRAP" --steps "$steps" --log-every 10 --run-dir "$OUT/$run/$id" >"$OUT/$run-$id.log" 2>&1 &
       learner=$!
       PIDS+=("$learner")
