@@ -6,6 +6,7 @@
 #include <chrono>
 #include <map>
 #include <set>
+#include <thread>
 
 #include "core/errors.h"
 #include "core/kafka/client_config.h"
@@ -182,8 +183,19 @@ std::vector<std::pair<std::string, int>> Consumer::list_topics(int timeout_ms) {
 
 std::pair<int64_t, int64_t> Consumer::watermarks(const std::string& topic, int32_t partition, int timeout_ms) {
   int64_t low = -1, high = -1;
-  RdKafka::ErrorCode err = consumer_->query_watermark_offsets(topic, partition, &low, &high, timeout_ms);
-  if (err) throw Unavailable("watermarks of " + topic + ": " + RdKafka::err2str(err));
+  // A topic created a moment ago may not have a leader yet (or the leader moved): retry those
+  // transient answers until the deadline.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  for (;;) {
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    RdKafka::ErrorCode err =
+        consumer_->query_watermark_offsets(topic, partition, &low, &high, std::max<int>(1, static_cast<int>(left.count())));
+    if (!err) break;
+    const bool transient = err == RdKafka::ERR_NOT_LEADER_FOR_PARTITION || err == RdKafka::ERR_LEADER_NOT_AVAILABLE;
+    if (!transient || std::chrono::steady_clock::now() + std::chrono::milliseconds(100) >= deadline)
+      throw Unavailable("watermarks of " + topic + "[" + std::to_string(partition) + "]: " + RdKafka::err2str(err));
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
   return {low, high};
 }
 
