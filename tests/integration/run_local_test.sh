@@ -66,6 +66,27 @@ pass "a budgeted run ends cleanly"
 grep -q '^PASS' "$tmp/verify.out" || { cat "$tmp/verify.out"; fail "verify did not say PASS"; }
 pass "diloco-replay verify passes on the run folder's config"
 
+# diloco-status on the finished run: every process announced itself; a missing run is an error.
+run_id="$(/usr/bin/python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['run_id'])" "$run/run.json")"
+"$DILOCO_BIN_DIR/diloco-status" --run "$run_id" --json >"$tmp/status.json" 2>"$tmp/status.err" ||
+  { cat "$tmp/status.err"; fail "diloco-status failed on the run"; }
+/usr/bin/python3 - "$tmp/status.json" <<'PY' || fail "diloco-status does not show the run's members and lag"
+import json, sys
+s = json.load(open(sys.argv[1]))
+roles = {m["id"]: m["role"] for m in s["members"]}
+want = {"learner-0": "learner", "learner-1": "learner", "learner-2": "learner", "merger-0": "merger", "eval": "evaluator"}
+bad = {k: v for k, v in want.items() if roles.get(k) != v}
+if bad or not s["consumer_lag"]:
+    print(f"members {roles}, expected {want}; lag {s['consumer_lag']}", file=sys.stderr)
+    sys.exit(1)
+PY
+"$DILOCO_BIN_DIR/diloco-status" --run "$run_id" | grep -q "^learner-1 " || fail "the status table does not list learner-1"
+if "$DILOCO_BIN_DIR/diloco-status" --run "no-such-run-$$" >"$tmp/missing.out" 2>&1; then fail "a missing run exited 0"; fi
+grep -q "has no topics" "$tmp/missing.out" || { cat "$tmp/missing.out"; fail "a missing run is not named"; }
+if "$DILOCO_BIN_DIR/diloco-sample" "$tmp/no-model.pt" >"$tmp/sample.out" 2>&1; then fail "diloco-sample on a missing file exited 0"; fi
+grep -q "no model file" "$tmp/sample.out" || { cat "$tmp/sample.out"; fail "diloco-sample does not name the missing file"; }
+pass "diloco-status shows the run's members and lag; missing runs and model files are clear errors"
+
 # 2. Ctrl-C in the middle: every child stops, the folder is complete.
 run="$tmp/interrupted"
 "$root/scripts/run-local" configs/tiny.toml --steps 100000 --run-dir "$run" </dev/null >"$tmp/int.out" 2>&1 &
