@@ -49,52 +49,15 @@ done
 cd "$ROOT"
 [[ -x "$BIN/diloco-learner" && -x "$BIN/diloco-merger" ]] || { echo "build first: cmake --build build" >&2; exit 1; }
 OUT="$(mktemp -d /tmp/diloco-learner-overhead.XXXXXX)"
-PIDS=()
-RUNS=()
-
-delete_topics() {  # the topics of this script's runs, nothing else
-  if ((keep_topics || ${#RUNS[@]} == 0)); then return 0; fi
-  source "$ROOT/scripts/lib.sh"
-  local lib pattern
-  lib="$(kafka_lib_dir)"
-  pattern="diloco\\.($(IFS='|'; echo "${RUNS[*]}"))\\..*"
-  java -Xmx256m -XX:TieredStopAtLevel=1 -Dlog4j2.configurationFile="$ROOT/broker_config/log4j2-tools.yaml" \
-    -cp "$lib/*" org.apache.kafka.tools.TopicCommand --bootstrap-server "$BOOTSTRAP" --delete --topic "$pattern" \
-    >/dev/null 2>&1 || echo "could not delete the topics of runs ${RUNS[*]}" >&2
-}
+source "$ROOT/bench/lib.sh"
 
 pin_learner=() pin_merger=() broker_mask=""
 cleanup() {
   [[ -z "$broker_mask" ]] || taskset -a -p "$broker_mask" "$broker_pid" >/dev/null 2>&1 || true
-  local pid
-  for pid in "${PIDS[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
-  for pid in "${PIDS[@]}"; do
-    for _ in $(seq 1 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-    kill -KILL "$pid" 2>/dev/null || true
-    wait "$pid" 2>/dev/null || true
-  done
-  PIDS=()
-  delete_topics
-  if ((keep)); then echo "kept $OUT" >&2; else rm -rf "$OUT"; fi
+  bench_cleanup
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
-
-count_events() {  # file event
-  [[ -f "$1" ]] || { echo 0; return; }
-  grep -c "\"event\":\"$2\"" "$1" || true
-}
-
-stop_pid() {  # pid: SIGTERM, wait up to 30 s, then SIGKILL
-  local pid="$1"
-  kill -TERM "$pid" 2>/dev/null || true
-  for _ in $(seq 1 300); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-  kill -KILL "$pid" 2>/dev/null || true
-  wait "$pid" 2>/dev/null || true
-  local rest=()
-  for p in "${PIDS[@]}"; do [[ "$p" == "$pid" ]] || rest+=("$p"); done
-  PIDS=("${rest[@]}")
-}
 
 # Samples, every 0.1 s while the learner lives: time, the training thread's CPU and run-queue wait
 # (schedstat, ns), the learner's CPU over all its threads, the merger's and the broker's CPU and the

@@ -57,41 +57,8 @@ for b in diloco-merger bench-produce_deltas; do
   [[ -x "$BIN/$b" ]] || { echo "missing $BIN/$b: cmake --build build" >&2; exit 1; }
 done
 OUT="$(mktemp -d /tmp/diloco-merger-bench.XXXXXX)"
-PIDS=()
-RUNS=()
-
-forget() { local rest=() p; for p in "${PIDS[@]}"; do [[ "$p" == "$1" ]] || rest+=("$p"); done; PIDS=("${rest[@]}"); }
-stop_pid() {  # pid: SIGTERM, up to 30 s, then SIGKILL
-  kill -TERM "$1" 2>/dev/null || true
-  for _ in $(seq 1 300); do kill -0 "$1" 2>/dev/null || break; sleep 0.1; done
-  kill -KILL "$1" 2>/dev/null || true
-  wait "$1" 2>/dev/null || true
-  forget "$1"
-}
-delete_topics() {
-  if ((keep_topics || ${#RUNS[@]} == 0)); then return 0; fi
-  source "$ROOT/scripts/lib.sh"
-  local lib; lib="$(kafka_lib_dir)"
-  local run
-  for run in "${RUNS[@]}"; do
-    java -Xmx256m -XX:TieredStopAtLevel=1 -Dlog4j2.configurationFile="$ROOT/broker_config/log4j2-tools.yaml" \
-      -cp "$lib/*" org.apache.kafka.tools.TopicCommand --bootstrap-server "$BOOTSTRAP" --delete \
-      --topic "diloco\\.$run\\..*" >/dev/null 2>&1 || echo "could not delete the topics of run $run" >&2
-  done
-}
-cleanup() {
-  local pid
-  for pid in "${PIDS[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
-  for pid in "${PIDS[@]}"; do
-    for _ in $(seq 1 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-    kill -KILL "$pid" 2>/dev/null || true
-    wait "$pid" 2>/dev/null || true
-  done
-  PIDS=()
-  delete_topics
-  if ((keep)); then echo "kept $OUT" >&2; else rm -rf "$OUT"; fi
-}
-trap cleanup EXIT
+source "$ROOT/bench/lib.sh"
+trap bench_cleanup EXIT
 trap 'exit 130' INT TERM
 
 new_run() {  # prefix -> sets RUN to a fresh run id and creates its topics

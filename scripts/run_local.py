@@ -174,7 +174,6 @@ class View:
                          for n in learner_names}
         self.tails = {n: JsonTail(os.path.join(run_dir, n, "metrics.jsonl"))
                       for n in learner_names + merger_names + ["eval"]}
-        self.merger_names = merger_names
         self.versions = [0] * fragments
         self.owner = ["-"] * fragments
         self.last_merge = [None] * fragments
@@ -436,8 +435,10 @@ def main():
     for c in children:
         if c.role == "learner":
             codes[c.name] = c.stop(20)
-    quiet_since, last_merges = time.time(), view.merges
-    while time.time() - quiet_since < 4 and time.time() - start_time < 1e9 and not failure:
+    # The mergers' last merges: wait until no merge came for 4 s (at most 60 s).
+    drain_start = quiet_since = time.time()
+    last_merges = view.merges
+    while time.time() - quiet_since < 4 and time.time() - drain_start < 60 and not failure:
         time.sleep(0.5)
         view.update()
         if view.merges != last_merges:

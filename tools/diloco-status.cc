@@ -87,8 +87,7 @@ ClusterStatus read_status(const StatusOptions& o) {
     }
   }, 30000);
   for (const auto& c : consumer.committed(delta_partitions, 10000)) {
-    auto [low, high] = consumer.watermarks(c.topic, c.partition, 5000);
-    (void)low;
+    int64_t high = consumer.watermarks(c.topic, c.partition, 5000).second;
     status.lag.push_back({c.topic, c.partition, c.offset, high});
   }
   status.now_us = unix_us();

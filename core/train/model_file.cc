@@ -25,11 +25,19 @@ void save_model_file(const std::filesystem::path& path, const Transformer& model
   archive.write("tensors", c10::IValue(parameters));
   archive.write("options", torch::tensor(options_vector(model.options()), torch::kInt64));
   archive.write("info", c10::IValue(info.dump()));
-  if (path.has_parent_path()) std::filesystem::create_directories(path.parent_path());
+  save_archive(archive, path);
+}
+
+void save_archive(torch::serialize::OutputArchive& archive, const std::filesystem::path& path) {
   std::filesystem::path tmp = path;
   tmp += ".tmp";
-  archive.save_to(tmp.string());
-  std::filesystem::rename(tmp, path);
+  try {
+    if (path.has_parent_path()) std::filesystem::create_directories(path.parent_path());
+    archive.save_to(tmp.string());
+    std::filesystem::rename(tmp, path);
+  } catch (const std::exception& e) {
+    throw IoError("cannot write " + path.string() + ": " + e.what());
+  }
 }
 
 LoadedModel load_model_file(const std::filesystem::path& path) {

@@ -14,8 +14,11 @@
 
 namespace diloco {
 
-// Writes atomically (a temporary file, then rename): a reader never sees half a file, and a crash
-// leaves the previous file in place.
+// Writes `archive` to `path` atomically (a temporary file, then rename): a reader never sees half
+// a file, and a crash leaves the previous file in place. Throws IoError naming the file.
+void save_archive(torch::serialize::OutputArchive& archive, const std::filesystem::path& path);
+
+// Writes atomically, as save_archive.
 void save_model_file(const std::filesystem::path& path, const Transformer& model, const nlohmann::json& info);
 
 struct LoadedModel {

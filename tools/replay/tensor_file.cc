@@ -3,6 +3,7 @@
 #include <torch/torch.h>
 
 #include "core/errors.h"
+#include "core/train/model_file.h"
 
 namespace diloco {
 
@@ -18,15 +19,7 @@ void save_tensor_archive(const std::filesystem::path& path, const std::string& k
   torch::serialize::OutputArchive archive;
   archive.write(key, c10::IValue(dict));
   archive.write("info", c10::IValue(info.dump()));
-  std::filesystem::path tmp = path;
-  tmp += ".tmp";
-  try {
-    if (path.has_parent_path()) std::filesystem::create_directories(path.parent_path());
-    archive.save_to(tmp.string());
-    std::filesystem::rename(tmp, path);
-  } catch (const std::exception& e) {
-    throw IoError("cannot write " + path.string() + ": " + e.what());
-  }
+  save_archive(archive, path);
 }
 
 }  // namespace diloco
