@@ -14,6 +14,7 @@
 #include "core/kafka/delta_headers.h"
 #include "core/kafka/producer.h"
 #include "tests/integration/broker_fixture.h"
+#include "tests/integration/child_process.h"
 
 using namespace diloco;
 using namespace std::chrono_literals;
@@ -201,8 +202,14 @@ TEST_CASE("transactions: committed records and offsets are visible, aborted ones
   txn.send_offsets_to_transaction({{in[0].topic, in[0].partition, in[0].offset + 1}}, group_member.raw(), 30000);
   txn.commit_transaction(30000);
 
+  // commit_transaction returns once the coordinator has decided; the commit markers reach the
+  // partitions a moment later, and until then a read_committed reader stops before the record.
   std::vector<std::vector<uint8_t>> merges;
-  read_to_end(kafka, {topics.merges()}, [&](const ConsumedMessage& m) { merges.push_back(m.value); }, 60000);
+  testing::eventually([&] {
+    merges.clear();
+    read_to_end(kafka, {topics.merges()}, [&](const ConsumedMessage& m) { merges.push_back(m.value); }, 60000);
+    return !merges.empty();
+  }, std::chrono::seconds(10));
   REQUIRE(merges.size() == 1);
   CHECK(merges[0] == committed_value);
 
