@@ -84,7 +84,7 @@ void apply_logged_merge(const LogContext& ctx, FragmentState& state, const Logge
   std::vector<MergeInput> inputs;
   for (size_t i = 0; i < r.inputs.size(); ++i) inputs.push_back(MergeInput{r.inputs[i], tensors[i]});
   MergeOptions options{.rule = r.rule, .optimizer = r.optimizer, .hyper = r.hyper,
-                       .tensors = ctx.setup->layout.fragments.at(state.fragment)};
+                       .tensors = ctx.setup->layout.fragments.at(state.fragment), .share = r.share};
   FragmentState next;
   MergeRecord rebuilt = merge_step(state, inputs, options, next);
   if (rebuilt.checksum != r.checksum)
@@ -130,6 +130,17 @@ std::map<uint32_t, RecoveredFragment> recover_partition(const LogContext& ctx, i
                                                         std::span<const uint32_t> fragments) {
   std::map<uint32_t, RecoveredFragment> out;
   for (uint32_t p : fragments) out[p];
+  // Read only settled logs: reading around an open transaction would miss a merge that is
+  // about to become visible, and the next merge would then continue an old version.
+  auto unstable = wait_until_stable(ctx.kafka, {{ctx.topics.state(), partition, 0}, {ctx.topics.merges(), partition, 0}},
+                                    ctx.stable_wait_ms);
+  if (!unstable.empty()) {
+    const auto& u = unstable.front();
+    throw Unavailable(u.topic + "[" + std::to_string(u.partition) + "] still has a transaction open at offset " +
+                      std::to_string(u.stable) + " (log end " + std::to_string(u.high) + ") after " +
+                      std::to_string(ctx.stable_wait_ms) + " ms: another merger is writing this partition, " +
+                      "or the broker has not yet aborted a killed merger's transaction");
+  }
   // Newest checkpoint of each fragment (the topic is compacted by fragment id, but until the
   // cleaner runs older versions are still there: keep the highest).
   read_partitions_to_end(

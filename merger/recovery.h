@@ -35,6 +35,10 @@ struct LogContext {
   const ModelSetup* setup = nullptr;
   DecodeLimits limits;
   int timeout_ms = 120000;
+  // How long a new owner waits for transactions still open on its partitions of `state` and
+  // `merges` (a predecessor's commit whose markers are not yet written, or a killed predecessor's
+  // transaction until the broker aborts it after the transaction timeout).
+  int stable_wait_ms = 30000;
 };
 
 // A merge record as read from `merges`, with where it was read.

@@ -45,6 +45,16 @@ inline RunAudit audit_run(const KafkaOptions& kafka, const RunConfig& config, co
   for (const auto& r : regions) delta_topics.push_back(topics.deltas(r));
   read_to_end(kafka, delta_topics, [&](const ConsumedMessage& m) { audit.deltas.insert({m.topic, m.partition, m.offset}); },
               60000);
+  // The last commit's markers, or a killed merger's transaction until the broker aborts it, can
+  // still hold back the end a read_committed reader sees.
+  std::vector<TopicPartitionOffset> merge_partitions;
+  {
+    Consumer probe(ConsumerOptions{.kafka = kafka});
+    for (int p = 0; p < probe.partition_count(topics.merges(), 10000); ++p) merge_partitions.push_back({topics.merges(), p, 0});
+  }
+  for (const auto& u : wait_until_stable(kafka, merge_partitions, 60000))
+    audit.problems.push_back(u.topic + "[" + std::to_string(u.partition) + "] has a transaction open at " +
+                             std::to_string(u.stable) + " (end " + std::to_string(u.high) + ")");
   read_to_end(
       kafka, {topics.merges()},
       [&](const ConsumedMessage& m) {
