@@ -39,6 +39,11 @@ void copy_tensors(const std::vector<DenseTensor>& src, std::vector<DenseTensor>&
 
 }  // namespace
 
+float round_share(size_t merged, size_t live) {
+  if (merged == 0) return 1.0f;
+  return static_cast<float>(static_cast<double>(merged) / static_cast<double>(std::max(merged, live)));
+}
+
 void validate_outer_hyper(const OuterHyper& h) {
   if (!(std::isfinite(h.lr) && h.lr > 0))
     throw InvalidInput(detail::concat("outer lr ", h.lr, " is not a positive number"));
@@ -53,6 +58,8 @@ MergeRecord merge_step(const FragmentState& current, std::span<const MergeInput>
                        const MergeOptions& options, FragmentState& next) {
   DILOCO_ENFORCE(&current != &next, "merge_step cannot write the state it reads");
   validate_outer_hyper(options.hyper);
+  if (!(options.share > 0.0f && options.share <= 1.0f))
+    throw InvalidInput(detail::concat("merge share ", options.share, " is not in (0, 1]"));
   const auto layout = options.tensors;
   check_tensors(current.params, layout, "state params");
   check_tensors(current.momentum, layout, "state momentum");
@@ -88,6 +95,8 @@ MergeRecord merge_step(const FragmentState& current, std::span<const MergeInput>
     for (size_t i = 0; i < inputs.size(); ++i) deltas[i] = inputs[i].tensors[t].values;
     const std::span<float> out(update.data(), next.params[t].values.size());
     aggregate_tensor(tensor_rule(options.rule, layout[t].name), deltas, weights, out);
+    if (options.share != 1.0f)
+      for (float& v : out) v *= options.share;
     outer_step(options.optimizer, options.hyper.lr, options.hyper.momentum,
                next.params[t].values, next.momentum[t].values, out);
   }
@@ -105,6 +114,7 @@ MergeRecord merge_step(const FragmentState& current, std::span<const MergeInput>
   record.optimizer = options.optimizer;
   record.hyper = options.hyper;
   record.checksum = next.checksum;
+  record.share = options.share;
   return record;
 }
 

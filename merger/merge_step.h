@@ -27,7 +27,17 @@ struct MergeOptions {
   OuterOptimizerKind optimizer = OuterOptimizerKind::Nesterov;
   OuterHyper hyper;                      // lr and momentum are used here; all of it is recorded
   std::span<const TensorSpec> tensors;   // the fragment's layout: names pick per-tensor rules
+  // The share of a full round this merge applies, in (0, 1]: the aggregated outer gradient is
+  // scaled by it before the outer optimizer. With quorum 1 and M learners every delta is merged
+  // alone; unscaled, a round then moves the fragment M outer steps (with the momentum of each)
+  // instead of one, and the global model diverges. Scaled by 1/M, a round of singletons adds up
+  // to one DiLoCo outer step in expectation, and a merge of all M learners is plain DiLoCo.
+  float share = 1.0f;
 };
+
+// The share of a round a merge of `merged` distinct learners applies while `live` learners are
+// live (merged ones count as live).
+float round_share(size_t merged, size_t live);
 
 // Throws InvalidInput unless lr is finite and > 0, momentum in [0, 1), staleness_alpha finite
 // and >= 0, and quorum >= 1.

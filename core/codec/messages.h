@@ -151,6 +151,7 @@ struct MergeRecord {
   std::string merger_instance;
   uint64_t epoch = 0;
   int64_t merge_time_us = 0;
+  float share = 1.0f;  // in (0, 1]: the outer update was scaled by it (see merge_step.h)
 };
 
 std::vector<uint8_t> encode_merge_record(const MergeRecord& msg, int zstd_level = 3);

@@ -101,7 +101,7 @@ std::vector<uint8_t> encode_merge_record(const MergeRecord& msg, int zstd_level)
       fbb, kSchemaVersion, run_id, msg.fingerprint, msg.fragment, msg.version, msg.prev_version,
       inputs_vector, dropped_vector, static_cast<wire::MergeRule>(msg.rule),
       static_cast<wire::OuterOptimizer>(msg.optimizer), hyper, msg.checksum, merger, msg.epoch,
-      msg.merge_time_us);
+      msg.merge_time_us, msg.share);
   wire::FinishMergeRecordBuffer(fbb, root);
   return compress_finished(fbb, zstd_level);
 }
@@ -143,6 +143,10 @@ MergeRecord decode_merge_record(std::span<const uint8_t> bytes, const DecodeLimi
   out.merger_instance = required(m.merger_instance(), "merger_instance");
   out.epoch = m.epoch();
   out.merge_time_us = m.merge_time_us();
+  out.share = m.share();
+  check_finite(out.share, "share");
+  if (!(out.share > 0.0f && out.share <= 1.0f))
+    reject(RejectReason::BadCounter, detail::concat("share ", out.share, " is not in (0, 1]"));
   return out;
 }
 

@@ -212,6 +212,7 @@ void parse_merger(const Section& s, RunConfig& c) {
     else if (key == "max_staleness") read(f, m.max_staleness);
     else if (key == "outer_lr") read(f, m.outer_lr);
     else if (key == "outer_momentum") read(f, m.outer_momentum);
+    else if (key == "share_scaling") read(f, m.share_scaling);
     else if (key == "rule") read(f, m.rule);
     else if (key == "optimizer") read(f, m.optimizer);
     else if (key == "checkpoint_every") read(f, m.checkpoint_every);

@@ -81,6 +81,9 @@ struct MergerConfig {
   int64_t max_staleness = -1;        // drop deltas staler than this; -1: no limit
   double outer_lr = 0.7;
   double outer_momentum = 0.9;
+  // Scale each merge's outer update by its share of a round (learners merged / learners live),
+  // so that a round of single-learner merges (quorum 1) adds up to one outer step.
+  bool share_scaling = true;
   std::string rule = "rda";          // rda (radial-directional) | avg (weighted average)
   std::string optimizer = "nesterov";  // nesterov | sgd
   uint32_t checkpoint_every = 10;    // write a FragmentState every this many versions

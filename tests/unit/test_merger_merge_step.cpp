@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <vector>
 
@@ -146,6 +147,41 @@ TEST_CASE("merge_step matches an independent computation", "[merger]") {
         CHECK(next.momentum[t].values[k] == Approx(momentum[t][k]).epsilon(1e-5).margin(1e-7));
       }
   }
+}
+
+TEST_CASE("a merge's share scales its outer gradient, momentum included", "[merger]") {
+  std::mt19937 rng(12);
+  const FragmentState current = genesis(rng);
+  const std::vector<TestDelta> deltas{make_delta(rng, "a", 3, 5, 5, 1000), make_delta(rng, "b", 8, 4, 5, 400)};
+  MergeOptions full = options();
+  MergeOptions third = options();
+  third.share = 1.0f / 3.0f;
+  FragmentState next_full, next_third;
+  merge_step(current, inputs_of(deltas), full, next_full);
+  const MergeRecord record = merge_step(current, inputs_of(deltas), third, next_third);
+  CHECK(record.share == third.share);
+  // Nesterov is linear in the update: b' = mu b + s u, and theta' = theta - lr (s u + mu b').
+  for (size_t t = 0; t < kLayout.size(); ++t)
+    for (size_t k = 0; k < current.params[t].values.size(); ++k) {
+      const double mu = full.hyper.momentum, lr = full.hyper.lr, b = current.momentum[t].values[k];
+      const double u = next_full.momentum[t].values[k] - mu * b;  // the unscaled aggregate
+      const double b3 = mu * b + u / 3.0;
+      CHECK(next_third.momentum[t].values[k] == Approx(b3).epsilon(1e-5).margin(1e-7));
+      CHECK(next_third.params[t].values[k] ==
+            Approx(current.params[t].values[k] - lr * (u / 3.0 + mu * b3)).epsilon(1e-5).margin(1e-7));
+    }
+  for (float bad : {0.0f, -0.5f, 1.5f, std::numeric_limits<float>::quiet_NaN()}) {
+    third.share = bad;
+    CHECK_THROWS_AS(merge_step(current, inputs_of(deltas), third, next_third), InvalidInput);
+  }
+}
+
+TEST_CASE("round_share: merged learners over live ones, merged ones counted live", "[merger]") {
+  CHECK(round_share(1, 3) == Approx(1.0 / 3.0));
+  CHECK(round_share(3, 3) == 1.0f);
+  CHECK(round_share(2, 0) == 1.0f);  // no heartbeat seen yet: the merged learners are the population
+  CHECK(round_share(4, 2) == 1.0f);
+  CHECK(round_share(0, 5) == 1.0f);
 }
 
 TEST_CASE("merge_step fills the next state and the merge record", "[merger]") {

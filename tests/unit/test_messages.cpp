@@ -411,7 +411,9 @@ TEST_CASE("MergeRecord round trip", "[codec][messages]") {
   msg.merger_instance = "merger-b";
   msg.epoch = 5;
   msg.merge_time_us = 123456789;
+  msg.share = 0.25f;
   const MergeRecord got = decode_merge_record(encode_merge_record(msg), limits_for(layout));
+  CHECK(got.share == 0.25f);
   CHECK(got.run_id == msg.run_id);
   CHECK(got.fingerprint == msg.fingerprint);
   CHECK(got.fragment == msg.fragment);
@@ -1010,6 +1012,13 @@ TEST_CASE("rejected: MergeRecord, Member, Rejected", "[codec][reject]") {
     CHECK_REJECTS(decode_merge_record(encode_merge_record(record), limits), NonFinite);
     record.inputs[0].weight = 1.0;
     record.hyper.lr = kInf;
+    CHECK_REJECTS(decode_merge_record(encode_merge_record(record), limits), NonFinite);
+    record.hyper.lr = 0.7f;
+    record.share = 1.5f;
+    CHECK_REJECTS(decode_merge_record(encode_merge_record(record), limits), BadCounter);
+    record.share = 0.0f;
+    CHECK_REJECTS(decode_merge_record(encode_merge_record(record), limits), BadCounter);
+    record.share = std::numeric_limits<float>::quiet_NaN();
     CHECK_REJECTS(decode_merge_record(encode_merge_record(record), limits), NonFinite);
   }
   SECTION("unknown enum values") {

@@ -191,6 +191,9 @@ TEST_CASE("the merger section: paper defaults, overrides and range checks", "[co
   CHECK(c.merger.outer_momentum == Approx(0.9));
   CHECK(c.merger.rule == "rda");
   CHECK(c.merger.max_staleness == -1);
+  CHECK(c.merger.share_scaling);
+  apply_override(c, "merger.share_scaling=false");
+  CHECK_FALSE(c.merger.share_scaling);
   apply_override(c, "merger.quorum=3");
   apply_override(c, "merger.rule=avg");
   CHECK(c.merger.quorum == 3);

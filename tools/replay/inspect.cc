@@ -168,6 +168,7 @@ nlohmann::json merge_record_json(const MergeRecord& r) {
           {"rule", merge_rule_name(r.rule)}, {"optimizer", optimizer_name(r.optimizer)},
           {"hyper", {{"lr", r.hyper.lr}, {"momentum", r.hyper.momentum}, {"staleness_alpha", r.hyper.staleness_alpha},
                      {"max_staleness", r.hyper.max_staleness}, {"quorum", r.hyper.quorum}}},
+          {"share", r.share},
           {"checksum", r.checksum}, {"merger_instance", r.merger_instance}, {"epoch", r.epoch},
           {"merge_time_us", r.merge_time_us}, {"inputs", inputs}, {"dropped", dropped}};
 }

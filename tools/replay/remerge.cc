@@ -3,11 +3,13 @@
 #include <iomanip>
 #include <iterator>
 #include <iostream>
+#include <set>
 
 #include "core/data/corpus.h"
 #include "core/errors.h"
 #include "merger/fragment_merger.h"
 #include "merger/grace_window.h"
+#include "merger/merge_step.h"
 #include "merger/weighting.h"
 #include "tools/replay/replay.h"
 #include "tools/replay/run_logs.h"
@@ -19,7 +21,7 @@ namespace {
 // The settings of one merge: the record's, with the ones the options set replaced.
 MergeOptions merge_options(const RemergeOptions& o, const MergeRecord& r, std::span<const TensorSpec> layout) {
   MergeOptions m{.rule = o.rule.value_or(r.rule), .optimizer = o.optimizer.value_or(r.optimizer), .hyper = r.hyper,
-                 .tensors = layout};
+                 .tensors = layout, .share = r.share};
   if (o.staleness_alpha) m.hyper.staleness_alpha = *o.staleness_alpha;
   if (o.lr) m.hyper.lr = *o.lr;
   if (o.momentum) m.hyper.momentum = *o.momentum;
@@ -100,7 +102,12 @@ void remerge_regrouped(const ReplayRun& run, const RemergeOptions& o, const Frag
   auto first = std::find_if(f.merges.begin(), f.merges.end(), [](const LoggedMerge& m) { return is_merge(m.record); });
   if (first == f.merges.end()) return;
   const LogContext ctx = run.context();
-  const MergeOptions options = merge_options(o, first->record, run.setup.layout.fragments.at(f.start.fragment));
+  MergeOptions options = merge_options(o, first->record, run.setup.layout.fragments.at(f.start.fragment));
+  // Regrouped merges hold other numbers of learners than the recorded ones: with share scaling,
+  // each applies its share of the learners this fragment's log has seen.
+  std::set<std::string> population;
+  for (const auto& m : f.merges)
+    for (const auto& ref : accounted_refs(m.record)) population.insert(ref.learner_id);
   FragmentMerger merger(f.start.fragment, state.version, options.hyper, 0);
   const GraceWindow no_grace;  // nothing observed: merges at quorum
   OriginalCursor original(f.start);
@@ -128,6 +135,9 @@ void remerge_regrouped(const ReplayRun& run, const RemergeOptions& o, const Frag
       merger.offer(std::move(ref), std::move(delta.tensors), now);
       while (merger.poll(now, {}, no_grace)) {
         MergePlan plan = merger.take_merge_inputs(now);
+        std::set<std::string> merged;
+        for (const auto& in : plan.inputs) merged.insert(in.ref.learner_id);
+        options.share = run.config.merger.share_scaling ? round_share(merged.size(), population.size()) : 1.0f;
         merge_step(state, plan.inputs, options, next);
         std::swap(state, next);
         merger.merge_committed(state.version);
