@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <set>
+#include <string>
 #include <vector>
 
 #include "core/errors.h"
@@ -39,7 +41,10 @@ void copy_tensors(const std::vector<DenseTensor>& src, std::vector<DenseTensor>&
 
 }  // namespace
 
-float round_share(size_t merged, size_t live) {
+float round_share(std::span<const MergeInput> inputs, size_t live) {
+  std::set<std::string> learners;
+  for (const auto& in : inputs) learners.insert(in.ref.learner_id);
+  const size_t merged = learners.size();
   if (merged == 0) return 1.0f;
   return static_cast<float>(static_cast<double>(merged) / static_cast<double>(std::max(merged, live)));
 }
@@ -95,10 +100,8 @@ MergeRecord merge_step(const FragmentState& current, std::span<const MergeInput>
     for (size_t i = 0; i < inputs.size(); ++i) deltas[i] = inputs[i].tensors[t].values;
     const std::span<float> out(update.data(), next.params[t].values.size());
     aggregate_tensor(tensor_rule(options.rule, layout[t].name), deltas, weights, out);
-    if (options.share != 1.0f)
-      for (float& v : out) v *= options.share;
     outer_step(options.optimizer, options.hyper.lr, options.hyper.momentum,
-               next.params[t].values, next.momentum[t].values, out);
+               next.params[t].values, next.momentum[t].values, out, options.share);
   }
   next.checksum = checksum_fp32(next.params);
 

@@ -35,9 +35,9 @@ struct MergeOptions {
   float share = 1.0f;
 };
 
-// The share of a round a merge of `merged` distinct learners applies while `live` learners are
-// live (merged ones count as live).
-float round_share(size_t merged, size_t live);
+// The share of a round a merge of these inputs applies while `live` learners are live: distinct
+// learners merged / live ones (merged ones count as live); 1 for no inputs.
+float round_share(std::span<const MergeInput> inputs, size_t live);
 
 // Throws InvalidInput unless lr is finite and > 0, momentum in [0, 1), staleness_alpha finite
 // and >= 0, and quorum >= 1.

@@ -292,11 +292,7 @@ void MergerProcess::merge(uint32_t p) {
   MergePlan plan = f.merger->take_merge_inputs(now());
   MergeOptions options{.rule = merge_rule(o_.config), .optimizer = outer_optimizer(o_.config),
                        .hyper = outer_hyper(o_.config), .tensors = setup_.layout.fragments[p]};
-  if (o_.config.merger.share_scaling) {
-    std::set<std::string> merged;
-    for (const auto& in : plan.inputs) merged.insert(in.ref.learner_id);
-    options.share = round_share(merged.size(), live_learners().size());
-  }
+  if (o_.config.merger.share_scaling) options.share = round_share(plan.inputs, live_learners().size());
   MergeRecord record = merge_step(f.state, plan.inputs, options, f.scratch);
   record.dropped = std::move(plan.dropped);
   record.merger_instance = o_.instance_id;

@@ -6,7 +6,7 @@ namespace diloco {
 
 void outer_step(OuterOptimizerKind kind, float lr, float momentum_coefficient,
                 std::span<float> params, std::span<float> momentum,
-                std::span<const float> update) {
+                std::span<const float> update, float share) {
   DILOCO_ENFORCE_EQ(params.size(), update.size());
   DILOCO_ENFORCE_EQ(momentum.size(), update.size());
   float* theta = params.data();
@@ -17,13 +17,14 @@ void outer_step(OuterOptimizerKind kind, float lr, float momentum_coefficient,
   switch (kind) {
     case OuterOptimizerKind::Nesterov:
       for (size_t k = 0; k < n; ++k) {
-        const float b = mu * buf[k] + d[k];
+        const float g = share * d[k];
+        const float b = mu * buf[k] + g;
         buf[k] = b;
-        theta[k] -= lr * (d[k] + mu * b);
+        theta[k] -= lr * (g + mu * b);
       }
       return;
     case OuterOptimizerKind::Sgd:
-      for (size_t k = 0; k < n; ++k) theta[k] -= lr * d[k];
+      for (size_t k = 0; k < n; ++k) theta[k] -= lr * (share * d[k]);
       return;
   }
   DILOCO_ENFORCE(false, "unknown outer optimizer ", static_cast<int>(kind));

@@ -7,6 +7,7 @@
 
 #include "core/kafka/consumer.h"
 #include "core/kafka/producer.h"
+#include "merger/recovery.h"
 #include "tests/integration/child_process.h"
 #include "tests/integration/run_audit.h"
 #include "tests/integration/run_fixture.h"
@@ -171,6 +172,38 @@ TEST_CASE("two mergers own disjoint fragments, and when one is killed the other 
   auto audit = testing::audit_run(c.kafka, c.config, c.regions);
   INFO(audit.report());
   CHECK(audit.ok());
+}
+
+TEST_CASE("a new owner does not rebuild around an open transaction, it waits and then says why", "[merger][recovery]") {
+  KafkaOptions kafka = testing::require_broker();
+  const std::string run = testing::unique_run_id("open-txn");
+  RunTopics topics = testing::create_run(kafka, run, {"r0"}, 2);
+  RunConfig config = testing::tiny_config(run);
+  ModelSetup setup = build_model(config);
+  // A predecessor killed mid-transaction: its record is in the log, neither committed nor aborted.
+  Producer predecessor(ProducerOptions{.kafka = kafka, .transactional_id = run + "-killed-owner"}, nullptr);
+  predecessor.init_transactions(30000);
+  predecessor.begin_transaction();
+  const std::vector<uint8_t> value = {1, 2, 3};
+  predecessor.produce({.topic = topics.merges(), .partition = 0, .key = "0", .value = value}, 1, 10000);
+  REQUIRE(predecessor.flush(20000) == 0);
+
+  LogContext ctx{.kafka = kafka, .topics = topics, .config = &config, .setup = &setup,
+                 .limits = DecodeLimits{.run_id = run, .fingerprint = setup.layout.fingerprint, .layout = &setup.layout},
+                 .stable_wait_ms = 1000};
+  const std::vector<uint32_t> fragments{0};  // fragment 0 lives in partition 0 of 2
+  CHECK_THROWS_WITH(recover_partition(ctx, 0, fragments),
+                    Catch::Contains(topics.merges() + "[0] still has a transaction open") &&
+                        Catch::Contains("killed merger's transaction"));
+  CHECK_THROWS_AS(recover_partition(ctx, 0, fragments), Unavailable);  // the merger retries these
+
+  predecessor.abort_transaction(30000);
+  ctx.stable_wait_ms = 30000;
+  auto recovered = recover_partition(ctx, 0, fragments);
+  REQUIRE(recovered.count(0));
+  CHECK(recovered.at(0).from_genesis);
+  CHECK(recovered.at(0).state.version == 0);
+  CHECK(recovered.at(0).replayed.empty());
 }
 
 TEST_CASE("hostile deltas are rejected with a reason, written to `rejected`, and change no state", "[merger][hostile]") {

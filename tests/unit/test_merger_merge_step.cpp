@@ -176,12 +176,18 @@ TEST_CASE("a merge's share scales its outer gradient, momentum included", "[merg
   }
 }
 
-TEST_CASE("round_share: merged learners over live ones, merged ones counted live", "[merger]") {
-  CHECK(round_share(1, 3) == Approx(1.0 / 3.0));
-  CHECK(round_share(3, 3) == 1.0f);
-  CHECK(round_share(2, 0) == 1.0f);  // no heartbeat seen yet: the merged learners are the population
-  CHECK(round_share(4, 2) == 1.0f);
-  CHECK(round_share(0, 5) == 1.0f);
+TEST_CASE("round_share is distinct learners merged over live ones, merged ones counted live", "[merger]") {
+  auto inputs = [](std::vector<std::string> learners) {
+    std::vector<MergeInput> out;
+    for (auto& l : learners) out.push_back({DeltaRef{.learner_id = l}, {}});
+    return out;
+  };
+  CHECK(round_share(inputs({"a"}), 3) == Approx(1.0 / 3.0));
+  CHECK(round_share(inputs({"a", "b", "c"}), 3) == 1.0f);
+  CHECK(round_share(inputs({"a", "a"}), 4) == Approx(0.25));  // one learner, counted once
+  CHECK(round_share(inputs({"a", "b"}), 0) == 1.0f);  // no heartbeat seen yet: the merged are all
+  CHECK(round_share(inputs({"a", "b", "c", "d"}), 2) == 1.0f);
+  CHECK(round_share(inputs({}), 5) == 1.0f);
 }
 
 TEST_CASE("merge_step fills the next state and the merge record", "[merger]") {

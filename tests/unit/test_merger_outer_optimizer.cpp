@@ -73,3 +73,13 @@ TEST_CASE("initial momentum is zero and shaped like the parameters", "[merger]")
     CHECK(momentum[t].values == std::vector<float>(params[t].values.size(), 0.0f));
   }
 }
+
+TEST_CASE("outer_step scales the update by the merge's share, momentum included", "[merger]") {
+  std::vector<float> theta{1.0f, -2.0f}, buf{0.5f, 0.25f}, d{0.4f, -0.8f};
+  outer_step(OuterOptimizerKind::Nesterov, 0.7f, 0.9f, theta, buf, d, 0.5f);
+  CHECK(buf[0] == Approx(0.9 * 0.5 + 0.2));
+  CHECK(theta[0] == Approx(1.0 - 0.7 * (0.2 + 0.9 * (0.9 * 0.5 + 0.2))));
+  std::vector<float> sgd{1.0f, -2.0f};
+  outer_step(OuterOptimizerKind::Sgd, 0.7f, 0.9f, sgd, buf, d, 0.25f);
+  CHECK(sgd[1] == Approx(-2.0 - 0.7 * 0.25 * -0.8));
+}

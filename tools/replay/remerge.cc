@@ -135,9 +135,7 @@ void remerge_regrouped(const ReplayRun& run, const RemergeOptions& o, const Frag
       merger.offer(std::move(ref), std::move(delta.tensors), now);
       while (merger.poll(now, {}, no_grace)) {
         MergePlan plan = merger.take_merge_inputs(now);
-        std::set<std::string> merged;
-        for (const auto& in : plan.inputs) merged.insert(in.ref.learner_id);
-        options.share = run.config.merger.share_scaling ? round_share(merged.size(), population.size()) : 1.0f;
+        options.share = run.config.merger.share_scaling ? round_share(plan.inputs, population.size()) : 1.0f;
         merge_step(state, plan.inputs, options, next);
         std::swap(state, next);
         merger.merge_committed(state.version);
