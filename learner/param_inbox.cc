@@ -30,6 +30,14 @@ std::vector<FragmentParams> ParamInbox::take(const std::vector<uint64_t>& known)
   return out;
 }
 
+std::vector<RoundOpen> ParamInbox::take_round_opens() {
+  std::lock_guard lock(mutex_);
+  std::vector<RoundOpen> out;
+  for (auto& [p, notice] : round_opens_) out.push_back(std::move(notice));
+  round_opens_.clear();
+  return out;
+}
+
 std::vector<std::string> ParamInbox::endpoints() const {
   std::lock_guard lock(mutex_);
   return endpoints_;
@@ -87,6 +95,16 @@ void ParamInbox::run() {
     auto received = subscriber.receive(std::chrono::milliseconds(50));
     if (!received) continue;
     try {
+      if (received->round_open) {
+        RoundOpen notice = decode_round_open(received->message, options_.limits);
+        if (notice.fragment != received->fragment)
+          throw Rejection(RejectReason::FragmentOutOfRange, "ZeroMQ topic and RoundOpen name different fragments");
+        metrics_.add("round_opens_received_total", 1);
+        std::lock_guard lock(mutex_);
+        auto& slot = round_opens_[notice.fragment];
+        if (notice.version >= slot.version) slot = std::move(notice);
+        continue;
+      }
       FragmentParams params = decode_fragment_params(received->message, options_.limits);
       if (params.fragment != received->fragment)
         throw Rejection(RejectReason::FragmentOutOfRange, "ZeroMQ topic says fragment " +

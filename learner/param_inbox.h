@@ -4,7 +4,9 @@
 // (including mergers that appear later), subscribes to all of them, and strictly decodes each
 // FragmentParams (run id, fingerprint, shapes, checksum). Rejected messages are counted by
 // reason and never reach the model. The training thread calls take() at a step boundary and gets
-// the newest version of each fragment that arrived since its last call.
+// the newest version of each fragment that arrived since its last call. RoundOpen notices (a
+// merger's quorum for a fragment is in) are decoded the same strict way and kept, newest per
+// fragment, until take_round_opens().
 #pragma once
 
 #include <atomic>
@@ -37,6 +39,8 @@ class ParamInbox {
 
   // Newest received version of each fragment whose version is above `known[fragment]`.
   std::vector<FragmentParams> take(const std::vector<uint64_t>& known);
+  // The RoundOpen notices that arrived since the last call, newest per fragment.
+  std::vector<RoundOpen> take_round_opens();
 
   uint64_t received() const { return received_; }
   uint64_t rejected() const { return rejected_; }
@@ -49,6 +53,7 @@ class ParamInbox {
   Metrics& metrics_;
   mutable std::mutex mutex_;
   std::map<uint32_t, FragmentParams> latest_;
+  std::map<uint32_t, RoundOpen> round_opens_;
   std::vector<std::string> endpoints_;
   std::atomic<uint64_t> received_{0};
   std::atomic<uint64_t> rejected_{0};

@@ -40,8 +40,8 @@ DeltaRef delta_ref(const DeltaHeader& header, const LogPosition& position) {
 }
 
 FragmentMerger::FragmentMerger(uint32_t fragment, uint64_t version, const OuterHyper& hyper,
-                               double now)
-    : fragment_(fragment), version_(version), hyper_(hyper), round_start_(now) {
+                               double /*now*/)
+    : fragment_(fragment), version_(version), hyper_(hyper) {
   validate_outer_hyper(hyper_);
 }
 
@@ -89,8 +89,10 @@ std::optional<DroppedDelta> FragmentMerger::offer(DeltaRef delta, std::vector<De
   if (it == pending_.end()) {
     const std::string learner = delta.learner_id;
     pending_.emplace(learner, HeldDelta{std::move(delta), std::move(tensors)});
-    if (state_ == MergerState::Collecting && !quorum_at_ && pending_.size() >= hyper_.quorum)
-      quorum_at_ = now;
+    if (state_ == MergerState::Collecting) {
+      if (!first_at_) first_at_ = now;
+      if (!quorum_at_ && pending_.size() >= hyper_.quorum) quorum_at_ = now;
+    }
     return std::nullopt;
   }
   HeldDelta& held = it->second;
@@ -110,7 +112,8 @@ bool FragmentMerger::poll(double now, std::span<const std::string> live_learners
   switch (state_) {
     case MergerState::Collecting:
       if (!quorum_at_) return false;
-      deadline_ = *quorum_at_ + grace.grace(std::max(0.0, *quorum_at_ - round_start_));
+      granted_grace_ = grace.grace(std::max(0.0, *quorum_at_ - first_at_.value_or(*quorum_at_)));
+      deadline_ = *quorum_at_ + granted_grace_;
       state_ = MergerState::Grace;
       [[fallthrough]];
     case MergerState::Grace: {
@@ -188,8 +191,10 @@ std::vector<DroppedDelta> FragmentMerger::merge_committed(uint64_t new_version) 
 double FragmentMerger::published(double now) {
   expect(MergerState::Publish, "published");
   state_ = MergerState::Collecting;
-  round_start_ = now;
+  // Deltas that arrived during the merge open the next round now.
+  first_at_.reset();
   quorum_at_.reset();
+  if (!pending_.empty()) first_at_ = now;
   if (pending_.size() >= hyper_.quorum) quorum_at_ = now;
   return now - merge_started_;
 }

@@ -61,7 +61,8 @@ struct MergePlan {
 class FragmentMerger {
  public:
   // A fragment at `version` (genesis, a checkpoint, or the end of a recovery), collecting from
-  // `now`. Uses hyper.quorum, max_staleness and staleness_alpha (InvalidInput if invalid).
+  // `now` (a round starts with its first pending delta, so `now` only dates the merger's birth).
+  // Uses hyper.quorum, max_staleness and staleness_alpha (InvalidInput if invalid).
   FragmentMerger(uint32_t fragment, uint64_t version, const OuterHyper& hyper, double now);
 
   // Offers a decoded delta. Returns the delta dropped because of it, if any: the offered one or
@@ -73,7 +74,8 @@ class FragmentMerger {
   // allowed now (true in MERGING until the inputs are taken). `live_learners` is the set the
   // caller currently believes alive; "every live learner has a delta pending" ends the grace
   // early only when that set is not empty. The grace is computed once, on entering GRACE, from
-  // `grace` and the time the quorum took since the round started.
+  // `grace` and the quorum time: from the round's first pending delta to the quorum (the paper's
+  // quorum_time; with quorum 1 it is 0, so the whole slack tau * step_time - sync_time is there).
   bool poll(double now, std::span<const std::string> live_learners, const GraceWindow& grace);
 
   // MERGING only, once per round: the pending deltas become this merge's inputs.
@@ -105,6 +107,12 @@ class FragmentMerger {
   uint64_t version() const { return version_; }
   // When the grace window ends (GRACE only): how long the caller may sleep.
   std::optional<double> grace_deadline() const;
+  // The current round's timing: its first pending delta and the moment it reached the quorum
+  // (empty until they happen; kept through MERGING for the caller's metrics).
+  std::optional<double> round_first_delta() const { return first_at_; }
+  std::optional<double> quorum_reached() const { return quorum_at_; }
+  // The grace window the current (or last) round was given on reaching its quorum, in seconds.
+  double granted_grace() const { return granted_grace_; }
   size_t pending_learners() const { return pending_.size(); }
   // Positions of the held deltas the next committed MergeRecord must account for (pending, and
   // dropped since the last plan). A consumer offset committed with a merge must not pass the
@@ -130,9 +138,10 @@ class FragmentMerger {
   std::vector<DeltaRef> taken_;                  // the current merge's inputs, in merge order
   std::vector<DroppedDelta> dropped_;            // since the last plan
   std::map<std::string, uint64_t> merged_base_;  // learner id -> newest base merged from it
-  double round_start_;
+  std::optional<double> first_at_;   // when the current round's first delta became pending
   std::optional<double> quorum_at_;  // when the current round had K learners pending
   std::optional<double> deadline_;   // GRACE: end of the grace window
+  double granted_grace_ = 0;
   double merge_started_ = 0;
 };
 

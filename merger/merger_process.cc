@@ -32,8 +32,14 @@ struct OwnedFragment {
   FragmentState scratch;  // merge_step writes the next version here
   std::unique_ptr<FragmentMerger> merger;
   std::vector<uint8_t> params_message;  // encoded FragmentParams of `state`, for (re)publishing
-  double round_start = 0;  // when the current round began collecting
-  double grace_start = 0;  // when it reached the quorum
+};
+
+// How one round of a fragment went: from its first pending delta to the quorum, the grace spent
+// after it, and the live learners the merge did not include.
+struct RoundTiming {
+  double quorum_seconds = 0;
+  double grace_seconds = 0;
+  std::vector<std::string> missed;
 };
 
 struct LiveLearner {
@@ -62,11 +68,14 @@ class MergerProcess : public RebalanceListener {
   void recover(const std::set<int32_t>& partitions);
   void handle_delta(const ConsumedMessage& message);
   void reject(const ConsumedMessage& message, const std::string& reason, const std::string& detail);
-  void merge(uint32_t p);
+  void merge(uint32_t p, const std::vector<std::string>& live);
+  RoundTiming round_timing(const FragmentMerger& merger, const MergePlan& plan,
+                           const std::vector<std::string>& live) const;
   void commit(uint32_t p, MergeRecord& record, bool write_state);
   void write_genesis(const std::vector<uint32_t>& fragments);
   std::vector<TopicPartitionOffset> offsets_to_commit() const;
   void publish(uint32_t p);
+  void announce_round(uint32_t p);
   void follow_members();
   std::vector<std::string> live_learners() const;
   void announce(bool leaving);
@@ -175,7 +184,6 @@ void MergerProcess::recover(const std::set<int32_t>& partitions) {
       uint64_t start_version = r.replayed.empty() ? r.state.version : r.replayed.front().prev_version;
       OwnedFragment f;
       f.merger = std::make_unique<FragmentMerger>(p, start_version, outer_hyper(o_.config), now());
-      f.round_start = now();
       for (const auto& record : r.replayed) f.merger->replayed(record);
       f.state = std::move(r.state);
       if (r.from_genesis) genesis.push_back(p);
@@ -287,9 +295,25 @@ void MergerProcess::commit(uint32_t p, MergeRecord& record, bool write_state) {
   finish_transaction(true);
 }
 
-void MergerProcess::merge(uint32_t p) {
+RoundTiming MergerProcess::round_timing(const FragmentMerger& merger, const MergePlan& plan,
+                                        const std::vector<std::string>& live) const {
+  RoundTiming timing;
+  const double t = now();
+  const double quorum = merger.quorum_reached().value_or(t);
+  timing.quorum_seconds = std::max(0.0, quorum - merger.round_first_delta().value_or(quorum));
+  timing.grace_seconds = std::max(0.0, t - quorum);
+  std::set<std::string> merged;
+  for (const auto& in : plan.inputs) merged.insert(in.ref.learner_id);
+  for (const auto& learner : live)
+    if (!merged.count(learner)) timing.missed.push_back(learner);
+  return timing;
+}
+
+void MergerProcess::merge(uint32_t p, const std::vector<std::string>& live) {
   auto& f = owned_.at(p);
   MergePlan plan = f.merger->take_merge_inputs(now());
+  const RoundTiming timing = round_timing(*f.merger, plan, live);
+
   MergeOptions options{.rule = merge_rule(o_.config), .optimizer = outer_optimizer(o_.config),
                        .hyper = outer_hyper(o_.config), .tensors = setup_.layout.fragments[p]};
   if (o_.config.merger.share_scaling) options.share = round_share(plan.inputs, live_learners().size());
@@ -306,13 +330,17 @@ void MergerProcess::merge(uint32_t p) {
   for (const auto& d : late_drops) metrics_.add("deltas_dropped_total", 1, {{"reason", drop_reason_name(d.reason)}});
   publish(p);
   double sync = f.merger->published(now());
-  f.round_start = now();
   grace_.observe_sync_time(sync);
 
   metrics_.add("merges_total", 1);
   metrics_.add("deltas_merged_total", static_cast<double>(record.inputs.size()));
   metrics_.set("fragment_version", static_cast<double>(f.state.version), {{"fragment", std::to_string(p)}});
   metrics_.observe("merge_latency_seconds", sync, {0.001, 0.01, 0.05, 0.1, 0.5, 1, 5});
+  metrics_.observe("merge_inputs", static_cast<double>(record.inputs.size()), {1, 2, 3, 4, 6, 8, 12, 16, 32});
+  metrics_.observe("learners_missed", static_cast<double>(timing.missed.size()), {0, 1, 2, 4, 8, 16});
+  metrics_.observe("quorum_seconds", timing.quorum_seconds, {0.01, 0.1, 0.5, 1, 2, 5, 10, 30});
+  metrics_.observe("grace_seconds", timing.grace_seconds, {0.001, 0.01, 0.05, 0.1, 0.5, 1, 5});
+  metrics_.add("grace_seconds_total", timing.grace_seconds);
   nlohmann::json inputs = nlohmann::json::array();
   for (const auto& in : record.inputs) {
     metrics_.observe("staleness", static_cast<double>(in.staleness), {0, 1, 2, 4, 8, 16, 32});
@@ -323,7 +351,10 @@ void MergerProcess::merge(uint32_t p) {
   for (const auto& d : record.dropped)
     dropped.push_back({{"learner", d.delta.learner_id}, {"seq", d.delta.seq}, {"reason", drop_reason_name(d.reason)}});
   log({{"event", "merge"}, {"fragment", p}, {"version", record.version}, {"inputs", inputs}, {"dropped", dropped},
-       {"checkpoint", checkpoint}, {"share", record.share}, {"sync_seconds", sync}, {"checksum", record.checksum}});
+       {"checkpoint", checkpoint}, {"share", record.share}, {"sync_seconds", sync}, {"checksum", record.checksum},
+       {"quorum_seconds", timing.quorum_seconds}, {"grace_seconds", timing.grace_seconds},
+       {"grace_window", f.merger->granted_grace()}, {"live_learners", live.size()},
+       {"missed", timing.missed}});
 }
 
 void MergerProcess::publish(uint32_t p) {
@@ -335,6 +366,20 @@ void MergerProcess::publish(uint32_t p) {
     f.params_message = encode_fragment_params(params);
   }
   publisher_->publish(p, f.params_message);
+}
+
+// The quorum of fragment p is in: tell the learners while the grace window is open, so that those
+// about to cut p can send it now and reach this merge (ARCHITECTURE.md section 6).
+void MergerProcess::announce_round(uint32_t p) {
+  auto& f = owned_.at(p);
+  const double grace = f.merger->granted_grace();
+  if (!(grace > 0)) return;
+  RoundOpen notice{.run_id = o_.config.run.id, .fingerprint = setup_.layout.fingerprint, .fragment = p,
+                   .version = f.state.version, .pending = static_cast<uint32_t>(f.merger->pending_learners()),
+                   .grace_ms = static_cast<uint32_t>(std::min(grace * 1e3, 4e9)), .merger_instance = o_.instance_id,
+                   .epoch = epoch_, .time_us = unix_us()};
+  publisher_->publish_round_open(p, encode_round_open(notice));
+  metrics_.add("rounds_announced_total", 1);
 }
 
 void MergerProcess::follow_members() {
@@ -452,17 +497,13 @@ int MergerProcess::run() {
       follow_members();
       auto live = live_learners();
       for (auto& [p, f] : owned_) {
-        MergerState before = f.merger->state();
-        bool due = f.merger->poll(now(), live, grace_);
-        MergerState after = f.merger->state();
-        if (before == MergerState::Collecting && after != MergerState::Collecting) {
-          f.grace_start = now();
-          metrics_.observe("quorum_seconds", f.grace_start - f.round_start, {0.01, 0.1, 0.5, 1, 2, 5, 10, 30});
-        }
+        const MergerState before = f.merger->state();
+        const bool due = f.merger->poll(now(), live, grace_);
+        if (before == MergerState::Collecting && f.merger->state() != MergerState::Collecting)
+          announce_round(p);
         if (!due) continue;
-        metrics_.observe("grace_seconds", now() - f.grace_start, {0.001, 0.01, 0.05, 0.1, 0.5, 1, 5});
         try {
-          merge(p);
+          merge(p, live);
         } catch (const Fenced&) {
           throw;
         } catch (const Error& e) {

@@ -222,3 +222,24 @@ RejectedInput decode_rejected(std::span<const uint8_t> bytes, const DecodeLimits
 uint64_t checksum_fp32(std::span<const DenseTensor> tensors);
 
 }  // namespace diloco
+
+namespace diloco {
+
+// ---- RoundOpen (ZeroMQ, advisory) ---------------------------------------------------------------
+struct RoundOpen {
+  std::string run_id;
+  uint64_t fingerprint = 0;
+  uint32_t fragment = 0;
+  uint64_t version = 0;
+  uint32_t pending = 0;
+  uint32_t grace_ms = 0;
+  std::string merger_instance;
+  uint64_t epoch = 0;
+  int64_t time_us = 0;
+};
+
+std::vector<uint8_t> encode_round_open(const RoundOpen& msg);
+// Checks run id, fingerprint and (with a layout) the fragment range.
+RoundOpen decode_round_open(std::span<const uint8_t> bytes, const DecodeLimits& limits);
+
+}  // namespace diloco

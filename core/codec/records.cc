@@ -1,4 +1,4 @@
-// Messages without tensors: MergeRecord, Member, Rejected. Decoding checks the frame, the schema
+// Messages without tensors: MergeRecord, Member, Rejected, RoundOpen. Decoding checks the frame, the schema
 // version and the run id (MergeRecord also the fingerprint, the fragment range when a layout is
 // given, and that weights and hyper-parameters are finite); enum values outside the schema are
 // BadFlatbuffer, like any other buffer the schema cannot describe.
@@ -9,6 +9,7 @@
 #include "schemas/member_generated.h"
 #include "schemas/merge_record_generated.h"
 #include "schemas/rejected_generated.h"
+#include "schemas/round_open_generated.h"
 
 namespace diloco {
 
@@ -228,6 +229,37 @@ RejectedInput decode_rejected(std::span<const uint8_t> bytes, const DecodeLimits
                             kMaxPayloadHead));
     out.payload_head = copy_vector(head);
   }
+  return out;
+}
+
+// ---- RoundOpen ------------------------------------------------------------------------------
+
+std::vector<uint8_t> encode_round_open(const RoundOpen& msg) {
+  auto& fbb = builder();
+  const auto run_id = fbb.CreateString(msg.run_id);
+  const auto merger = fbb.CreateString(msg.merger_instance);
+  const auto root = wire::CreateRoundOpen(fbb, kSchemaVersion, run_id, msg.fingerprint, msg.fragment,
+                                          msg.version, msg.pending, msg.grace_ms, merger, msg.epoch,
+                                          msg.time_us);
+  wire::FinishRoundOpenBuffer(fbb, root);
+  return compress_finished(fbb, 1);
+}
+
+RoundOpen decode_round_open(std::span<const uint8_t> bytes, const DecodeLimits& limits) {
+  const auto& m = open_root<wire::RoundOpen>(bytes, limits, wire::VerifyRoundOpenBuffer, "RoundOpen");
+  check_fingerprint(m.fingerprint(), limits);
+  if (limits.layout) fragment_specs(m.fragment(), limits);
+  RoundOpen out;
+  out.run_id = m.run_id()->str();
+  out.fingerprint = m.fingerprint();
+  out.fragment = m.fragment();
+  out.version = m.version();
+  check_counter(out.version, "version");
+  out.pending = m.pending();
+  out.grace_ms = m.grace_ms();
+  out.merger_instance = required(m.merger_instance(), "merger_instance");
+  out.epoch = m.epoch();
+  out.time_us = m.time_us();
   return out;
 }
 

@@ -3,6 +3,8 @@
 #include <zmq_addon.hpp>
 
 #include <charconv>
+#include <string>
+#include <string_view>
 
 #include "core/errors.h"
 
@@ -21,8 +23,19 @@ ParamsPublisher::ParamsPublisher(zmq::context_t& context, const std::string& bin
   bound_ = socket_.get(zmq::sockopt::last_endpoint);
 }
 
+namespace {
+constexpr std::string_view kRoundOpenPrefix = "open.";
+}  // namespace
+
 void ParamsPublisher::publish(uint32_t fragment, std::span<const uint8_t> message) {
-  std::string topic = std::to_string(fragment);
+  send(std::to_string(fragment), message);
+}
+
+void ParamsPublisher::publish_round_open(uint32_t fragment, std::span<const uint8_t> message) {
+  send(std::string(kRoundOpenPrefix) + std::to_string(fragment), message);
+}
+
+void ParamsPublisher::send(const std::string& topic, std::span<const uint8_t> message) {
   // PUB never blocks: with the high-water mark reached the message is dropped for that peer.
   (void)socket_.send(zmq::buffer(topic), zmq::send_flags::sndmore | zmq::send_flags::dontwait);
   (void)socket_.send(zmq::buffer(message.data(), message.size()), zmq::send_flags::dontwait);
@@ -64,9 +77,13 @@ std::optional<ParamsSubscriber::Received> ParamsSubscriber::receive(std::chrono:
   if (!zmq::recv_multipart(socket_, std::back_inserter(frames), zmq::recv_flags::dontwait)) return std::nullopt;
   if (frames.size() != 2) return std::nullopt;
   Received out;
-  const char* begin = frames[0].data<char>();
-  auto [end, ec] = std::from_chars(begin, begin + frames[0].size(), out.fragment);
-  if (ec != std::errc() || end != begin + frames[0].size()) return std::nullopt;
+  std::string_view topic(frames[0].data<char>(), frames[0].size());
+  if (topic.starts_with(kRoundOpenPrefix)) {
+    out.round_open = true;
+    topic.remove_prefix(kRoundOpenPrefix.size());
+  }
+  auto [end, ec] = std::from_chars(topic.data(), topic.data() + topic.size(), out.fragment);
+  if (topic.empty() || ec != std::errc() || end != topic.data() + topic.size()) return std::nullopt;
   const auto* bytes = frames[1].data<uint8_t>();
   out.message.assign(bytes, bytes + frames[1].size());
   return out;

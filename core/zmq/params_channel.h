@@ -1,6 +1,6 @@
 // The ZeroMQ leg of the loop: mergers PUBlish FragmentParams, learners SUBscribe to every merger.
-// Each message is two frames: the fragment id as decimal text (ZeroMQ topic, so a subscriber
-// could filter) and the encoded FragmentParams. PUB/SUB drops messages for slow or absent
+// Each message is two frames: a topic and the encoded message. The topic is the fragment id as
+// decimal text for FragmentParams ("3"), and "open." before it for a RoundOpen notice ("open.3"). PUB/SUB drops messages for slow or absent
 // subscribers; that is fine here because every version is also durable in Kafka (`state`) and
 // mergers re-publish their latest versions periodically.
 //
@@ -27,8 +27,12 @@ class ParamsPublisher {
   const std::string& bound_endpoint() const { return bound_; }
   // Never blocks: a subscriber whose queue is full misses this message.
   void publish(uint32_t fragment, std::span<const uint8_t> message);
+  // A RoundOpen notice of the fragment (same rules).
+  void publish_round_open(uint32_t fragment, std::span<const uint8_t> message);
 
  private:
+  void send(const std::string& topic, std::span<const uint8_t> message);
+
   zmq::socket_t socket_;
   std::string bound_;
 };
@@ -43,6 +47,7 @@ class ParamsSubscriber {
 
   struct Received {
     uint32_t fragment = 0;
+    bool round_open = false;  // a RoundOpen notice, not FragmentParams
     std::vector<uint8_t> message;
   };
   // One message, or nothing within timeout. Malformed framing is skipped (returns nothing).

@@ -117,20 +117,52 @@ TEST_CASE("the quorum counts distinct learners", "[merger]") {
 TEST_CASE("the grace window runs from the quorum, sized by the time the quorum took",
           "[merger]") {
   const GraceWindow window = one_second_steps();
-  FragmentMerger m(0, 5, hyper(1), 10.0);
+  FragmentMerger m(0, 5, hyper(2), 0.0);  // born long before the round: that time is not counted
   CHECK_FALSE(m.poll(10.5, kNobody, window));
-  m.offer(ref("a", 1, 5, 1), tensors(1), 10.8);  // quorum after 0.8 s: grace 0.5 * 1.2 = 0.6
+  m.offer(ref("a", 1, 5, 1), tensors(1), 10.6);  // the round starts with its first delta
+  CHECK_FALSE(m.poll(10.7, kNobody, window));
+  CHECK(m.state() == MergerState::Collecting);
+  REQUIRE(m.round_first_delta());
+  CHECK(*m.round_first_delta() == Approx(10.6));
+  m.offer(ref("b", 1, 5, 2), tensors(1), 11.0);  // quorum after 0.4 s: grace 0.5 * 1.6 = 0.8
   CHECK_FALSE(m.poll(11.0, kNobody, window));
   CHECK(m.state() == MergerState::Grace);
   REQUIRE(m.grace_deadline());
-  CHECK(*m.grace_deadline() == Approx(11.4));
-  CHECK_FALSE(m.poll(11.39, kNobody, window));
-  m.offer(ref("b", 1, 5, 2), tensors(1), 11.2);  // late joiners are welcome during the grace
-  CHECK(m.pending_learners() == 2);
-  CHECK(m.poll(11.4, kNobody, window));
+  CHECK(*m.grace_deadline() == Approx(11.8));
+  CHECK(*m.quorum_reached() == Approx(11.0));
+  CHECK_FALSE(m.poll(11.79, kNobody, window));
+  m.offer(ref("c", 1, 5, 3), tensors(1), 11.5);  // late joiners are welcome during the grace
+  CHECK(m.pending_learners() == 3);
+  CHECK(m.poll(11.8, kNobody, window));
   CHECK(m.state() == MergerState::Merging);
   CHECK_FALSE(m.grace_deadline());
-  CHECK(m.take_merge_inputs(11.4).inputs.size() == 2);
+  CHECK(m.take_merge_inputs(11.8).inputs.size() == 3);
+}
+
+TEST_CASE("with quorum 1 the quorum time is 0: the whole slack is grace", "[merger]") {
+  const GraceWindow window = one_second_steps();  // slack tau * step_time = 2 s, capped at 1 s
+  FragmentMerger m(0, 5, hyper(1), 0.0);
+  m.offer(ref("a", 1, 5, 1), tensors(1), 30.0);  // 30 s after the merger started
+  CHECK_FALSE(m.poll(30.0, kNobody, window));
+  REQUIRE(m.grace_deadline());
+  CHECK(*m.grace_deadline() == Approx(31.0));
+  CHECK(m.granted_grace() == Approx(1.0));
+}
+
+TEST_CASE("deltas that arrive during a merge open the next round at publication", "[merger]") {
+  const GraceWindow window = one_second_steps();
+  FragmentMerger m(0, 5, hyper(1), 0.0);
+  m.offer(ref("a", 1, 5, 1), tensors(1), 1.0);
+  REQUIRE(m.poll(2.0, kNobody, window));
+  m.take_merge_inputs(2.0);
+  m.offer(ref("b", 1, 5, 2), tensors(1), 2.1);  // during the merge: waits for the next round
+  m.merge_committed(6);
+  m.published(2.3);
+  REQUIRE(m.round_first_delta());
+  CHECK(*m.round_first_delta() == Approx(2.3));
+  CHECK(*m.quorum_reached() == Approx(2.3));
+  CHECK_FALSE(m.poll(2.3, kNobody, window));
+  CHECK(*m.grace_deadline() == Approx(3.3));
 }
 
 TEST_CASE("the grace is fixed when it starts", "[merger]") {
@@ -147,8 +179,10 @@ TEST_CASE("the grace is fixed when it starts", "[merger]") {
 
 TEST_CASE("a quorum that took too long leaves no grace", "[merger]") {
   const GraceWindow window = one_second_steps();
-  FragmentMerger m(0, 5, hyper(1), 0.0);
-  m.offer(ref("a", 1, 5, 1), tensors(1), 3.0);
+  FragmentMerger m(0, 5, hyper(2), 0.0);
+  m.offer(ref("a", 1, 5, 1), tensors(1), 1.0);
+  CHECK_FALSE(m.poll(2.0, kNobody, window));
+  m.offer(ref("b", 1, 5, 2), tensors(1), 3.0);  // 2 s for the quorum: no slack left
   CHECK(m.poll(3.0, kNobody, window));
 }
 
@@ -212,11 +246,13 @@ TEST_CASE("a full round: MERGING -> PUBLISH -> COLLECTING at the next version", 
   CHECK(m.published(1.75) == Approx(0.25));  // from taking the inputs to publishing
   CHECK(m.state() == MergerState::Collecting);
   CHECK_FALSE(m.poll(2.0, kNobody, kNoGrace));
-  // The next round's quorum time counts from publication.
+  CHECK_FALSE(m.round_first_delta());
+  // The next round starts with its first delta, not at publication.
   const GraceWindow window = one_second_steps();
-  m.offer(ref("a", 2, 6, 2), tensors(1), 2.25);  // quorum_time 0.5: grace 0.75
+  m.offer(ref("b", 1, 6, 2), tensors(1), 2.25);
+  CHECK(*m.round_first_delta() == Approx(2.25));
   CHECK_FALSE(m.poll(2.25, kNobody, window));
-  CHECK(*m.grace_deadline() == Approx(3.0));
+  CHECK(*m.grace_deadline() == Approx(3.25));
 }
 
 TEST_CASE("calls in the wrong state throw InternalError", "[merger]") {
