@@ -310,6 +310,7 @@ int Learner::run() {
     log_ = std::make_unique<JsonLines>(o_.run_dir + "/metrics.jsonl");
   }
   endpoint_ = std::make_unique<MetricsEndpoint>(metrics_, o_.metrics_port);
+  metrics_.add("wait_seconds_total", 0);  // listed from the start, also in runs that never wait
   const auto& config = o_.config;
   log({{"event", "start"}, {"mode", learner_mode_name(o_.mode)}, {"region", o_.region}, {"config", config.source},
        {"parameters", setup_.model.num_parameters()}, {"fragments", setup_.layout.num_fragments()},
