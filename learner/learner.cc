@@ -22,6 +22,7 @@
 #include "core/train/model_file.h"
 #include "core/train/model_setup.h"
 #include "learner/delta_publisher.h"
+#include "learner/fragment_track.h"
 #include "learner/param_inbox.h"
 
 namespace diloco {
@@ -44,17 +45,6 @@ uint32_t region_index(const LearnerOptions& o) {
   throw InvalidInput("region '" + o.region + "' is not in --regions");
 }
 
-// The global state of every fragment as this learner knows it.
-struct FragmentTrack {
-  uint64_t version = 0;
-  std::vector<DenseTensor> anchor;       // global params of `version`: deltas are measured from here
-  std::vector<ErrorFeedback> feedback;   // per tensor: what quantization has not sent yet
-  uint64_t seq = 0;                      // seq of the last delta sent for this fragment
-  uint32_t steps = 0;                    // inner steps since `version` was adopted
-  uint64_t tokens = 0;
-  uint64_t adopted_checksum = 0;
-};
-
 class Learner {
  public:
   Learner(const LearnerOptions& options, const std::atomic<bool>& stop)
@@ -69,8 +59,9 @@ class Learner {
                         .max_message_bytes = o_.kafka.max_message_bytes};
   }
   void load_global_state();
-  void adopt_received();
-  void publish_delta(uint32_t p, uint64_t step, float loss);
+  void adopt_received(uint64_t step, float loss);
+  void publish_delta(uint32_t p, uint64_t step, float loss, bool early);
+  void wait_for_merges(uint64_t step, float loss);
   void heartbeat(uint64_t step, float loss);
   void log(nlohmann::json record);
   bool out_of_budget(uint64_t step) const;
@@ -83,7 +74,9 @@ class Learner {
   Metrics metrics_;
   std::unique_ptr<JsonLines> log_;
   std::unique_ptr<MetricsEndpoint> endpoint_;
-  std::vector<FragmentTrack> fragments_;
+  std::vector<FragmentTrack> fragments_;  // the global state of every fragment as this learner knows it
+  std::vector<uint64_t> seqs_;              // per fragment: seq of the last delta sent
+  std::optional<CutSchedule> schedule_;     // Train mode: when each fragment is next due
   std::unique_ptr<DeltaPublisher> publisher_;
   std::unique_ptr<ParamInbox> inbox_;
   Clock::time_point start_ = Clock::now();
@@ -92,6 +85,8 @@ class Learner {
   double tokens_per_s_ = 0;
   uint64_t total_tokens_ = 0;
   uint64_t adopted_ = 0;
+  double compute_seconds_ = 0;  // in inner steps (with the speed-factor sleep), not waiting
+  double wait_seconds_ = 0;     // waiting for merges (diloco.wait_steps >= 0)
 };
 
 void Learner::log(nlohmann::json record) {
@@ -109,12 +104,9 @@ bool Learner::out_of_budget(uint64_t step) const {
 
 void Learner::load_global_state() {
   auto n = setup_.layout.num_fragments();
-  fragments_.resize(n);
-  for (uint32_t p = 0; p < n; ++p) {
-    auto& f = fragments_[p];
-    f.anchor = fragment_tensors(setup_.model, setup_.layout, p);
-    for (const auto& t : f.anchor) f.feedback.emplace_back(static_cast<int64_t>(t.values.size()));
-  }
+  fragments_.clear();
+  seqs_.assign(n, 0);
+  for (uint32_t p = 0; p < n; ++p) fragments_.emplace_back(fragment_tensors(setup_.model, setup_.layout, p), 0);
   if (!networked()) return;
   std::cerr << "learner " << o_.learner_id << ": reading the global state from " << RunTopics{o_.config.run.id}.state()
             << "\n";
@@ -126,62 +118,48 @@ void Learner::load_global_state() {
   for (auto& [p, state] : scan.latest) {
     if (p >= n) continue;
     load_fragment(setup_.model, setup_.layout, p, state.params);
-    fragments_[p].version = state.version;
-    fragments_[p].anchor = std::move(state.params);
-    fragments_[p].adopted_checksum = state.checksum;
+    fragments_[p] = FragmentTrack(std::move(state.params), state.version, state.checksum);
   }
   std::cerr << "learner " << o_.learner_id << ": starting from versions";
-  for (const auto& f : fragments_) std::cerr << " " << f.version;
+  for (const auto& f : fragments_) std::cerr << " " << f.version();
   std::cerr << "\n";
 }
 
-void Learner::adopt_received() {
+void Learner::adopt_received(uint64_t step, float loss) {
   if (!inbox_) return;
   std::vector<uint64_t> known;
-  for (const auto& f : fragments_) known.push_back(f.version);
+  for (const auto& f : fragments_) known.push_back(f.version());
+  const auto& d = o_.config.diloco;
   for (FragmentParams& params : inbox_->take(known)) {
     uint32_t p = params.fragment;
     auto& f = fragments_[p];
-    uint64_t behind = params.version - f.version;
-    double alpha = o_.config.diloco.blend_alpha;
-    if (alpha > 0) {
-      // theta = alpha * theta_local + (1 - alpha) * received (Streaming DiLoCo's mixing).
-      auto local = fragment_tensors(setup_.model, setup_.layout, p);
-      for (size_t t = 0; t < local.size(); ++t)
-        for (size_t i = 0; i < local[t].values.size(); ++i)
-          local[t].values[i] = static_cast<float>(alpha * local[t].values[i] + (1 - alpha) * params.tensors[t].values[i]);
-      load_fragment(setup_.model, setup_.layout, p, local);
-    } else {
-      load_fragment(setup_.model, setup_.layout, p, params.tensors);
+    // Cut before an overwrite: with overwrite-on-adoption, a learner a few steps behind the others
+    // would lose all its progress on p since its base when another learner's merge arrives first.
+    // Cutting first sends that progress, and restarting p's cycle here pulls this learner's
+    // schedule into phase with the learners whose merge just arrived.
+    if (o_.mode == LearnerMode::Train && f.cut_before_adopting(params.version, d.cut_on_arrival, d.H)) {
+      publish_delta(p, step, loss, true);
+      schedule_->cut(p, step);
     }
-    f.version = params.version;
-    f.adopted_checksum = params.checksum;
-    f.anchor = std::move(params.tensors);
-    f.steps = 0;
-    f.tokens = 0;
+    uint64_t behind = params.version - f.version();
+    const double alpha = d.blend_alpha;
+    auto local = alpha > 0 ? fragment_tensors(setup_.model, setup_.layout, p) : std::vector<DenseTensor>{};
+    load_fragment(setup_.model, setup_.layout, p,
+                  f.adopt(params.version, params.checksum, std::move(params.tensors), alpha, local));
     ++adopted_;
     metrics_.add("versions_adopted_total", 1);
-    metrics_.set("fragment_version", static_cast<double>(f.version), {{"fragment", std::to_string(p)}});
+    metrics_.set("fragment_version", static_cast<double>(f.version()), {{"fragment", std::to_string(p)}});
     metrics_.observe("adoption_gap_versions", static_cast<double>(behind), {1, 2, 4, 8, 16, 32});
-    log({{"event", "adopt"}, {"fragment", p}, {"version", f.version}, {"versions_behind", behind},
-         {"checksum", f.adopted_checksum}});
+    log({{"event", "adopt"}, {"fragment", p}, {"version", f.version()}, {"versions_behind", behind},
+         {"checksum", f.checksum()}});
   }
 }
 
-void Learner::publish_delta(uint32_t p, uint64_t step, float loss) {
+void Learner::publish_delta(uint32_t p, uint64_t step, float loss, bool early) {
   auto& f = fragments_[p];
-  if (f.steps == 0) return;
-  auto current = copy_fragment(setup_.model, setup_.layout, p);
+  if (f.steps() == 0) return;
   const auto& codec = o_.config.codec;
-  std::vector<QuantizedTensor> quantized;
-  quantized.reserve(current.size());
-  std::vector<float> delta;
-  for (uint32_t t = 0; t < current.size(); ++t) {
-    const auto& anchor = f.anchor[t].values;
-    delta.resize(anchor.size());
-    for (size_t i = 0; i < anchor.size(); ++i) delta[i] = anchor[i] - current[t][i];
-    quantized.push_back(f.feedback[t].push(t, f.anchor[t].shape, delta, codec.dtype, codec.block_size));
-  }
+  CutDelta cut = f.cut(copy_fragment(setup_.model, setup_.layout, p), codec.dtype, codec.block_size);
   DeltaHeader h;
   h.run_id = o_.config.run.id;
   h.fingerprint = setup_.layout.fingerprint;
@@ -190,22 +168,61 @@ void Learner::publish_delta(uint32_t p, uint64_t step, float loss) {
   h.fragment = p;
   // Wall-clock milliseconds as a floor keep seqs increasing across restarts of this learner id,
   // so a merger never mistakes a new delta for a re-read old one.
-  f.seq = std::max<uint64_t>(f.seq + 1, static_cast<uint64_t>(unix_us() / 1000));
-  h.seq = f.seq;
-  h.base_version = f.version;
-  h.inner_steps = f.steps;
-  h.tokens = f.tokens;
+  seqs_[p] = std::max<uint64_t>(seqs_[p] + 1, static_cast<uint64_t>(unix_us() / 1000));
+  h.seq = seqs_[p];
+  h.base_version = cut.base_version;
+  h.inner_steps = cut.inner_steps;
+  h.tokens = cut.tokens;
   h.learner_step = step;
   h.train_loss = std::isfinite(loss) ? loss : 0.0f;
   h.send_time_us = unix_us();
   CodecOptions options{.dtype = codec.dtype, .block_size = codec.block_size, .byte_shuffle = codec.byte_shuffle,
                        .zstd_level = codec.zstd_level};
-  auto bytes = encode_delta(h, std::span<const QuantizedTensor>(quantized), options);
+  auto bytes = encode_delta(h, std::span<const QuantizedTensor>(cut.tensors), options);
   metrics_.add("deltas_submitted_total", 1);
   metrics_.add("delta_wire_bytes_total", static_cast<double>(bytes.size()));
+  if (early) metrics_.add("deltas_cut_on_arrival_total", 1);
   log({{"event", "delta"}, {"fragment", p}, {"seq", h.seq}, {"base_version", h.base_version},
-       {"inner_steps", h.inner_steps}, {"tokens", h.tokens}, {"wire_bytes", bytes.size()}});
+       {"inner_steps", h.inner_steps}, {"tokens", h.tokens}, {"wire_bytes", bytes.size()}, {"early", early}});
   publisher_->submit(OutgoingDelta{std::move(h), std::move(bytes)});
+  f.expect_merge(step, o_.config.diloco.wait_steps);
+}
+
+// Synchronous modes (diloco.wait_steps >= 0): before the next inner step, wait until every
+// fragment whose wait is due holds a version above the base its last delta was cut on. The wait
+// polls the inbox, adopts, sends heartbeats and gives up after diloco.wait_timeout_seconds.
+void Learner::wait_for_merges(uint64_t step, float loss) {
+  const double timeout = o_.config.diloco.wait_timeout_seconds;
+  for (uint32_t p = 0; p < fragments_.size(); ++p) {
+    if (!fragments_[p].must_wait(step)) continue;
+    const uint64_t base = fragments_[p].awaited_base().value_or(0);
+    const auto t0 = Clock::now();
+    auto last_note = t0;
+    bool timed_out = false;
+    while (!stop_ && !out_of_budget(step)) {
+      adopt_received(step, loss);
+      if (!fragments_[p].must_wait(step)) break;
+      heartbeat(step, loss);
+      if (seconds_since(t0) >= timeout) {
+        timed_out = true;
+        fragments_[p].give_up_wait();
+        std::cerr << "learner " << o_.learner_id << ": gave up waiting for a merge of fragment " << p
+                  << " above version " << base << " after " << timeout << " s\n";
+        log({{"event", "wait_timeout"}, {"fragment", p}, {"base_version", base}, {"seconds", seconds_since(t0)}});
+        break;
+      }
+      if (seconds_since(last_note) >= 10) {
+        last_note = Clock::now();
+        std::cerr << "learner " << o_.learner_id << ": step " << step << ": waiting " << static_cast<int>(seconds_since(t0))
+                  << " s for a merge of fragment " << p << " above version " << base << "\n";
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+    const double waited = seconds_since(t0);
+    wait_seconds_ += waited;
+    metrics_.add("wait_seconds_total", waited);
+    log({{"event", "wait"}, {"fragment", p}, {"base_version", base}, {"seconds", waited}, {"timed_out", timed_out}});
+  }
 }
 
 void Learner::heartbeat(uint64_t step, float loss) {
@@ -225,7 +242,7 @@ void Learner::heartbeat(uint64_t step, float loss) {
   m.bytes_sent = publisher_->stats().bytes_delivered;
   for (uint32_t p = 0; p < fragments_.size(); ++p) {
     m.owned_fragments.push_back(p);
-    m.fragment_versions.push_back(fragments_[p].version);
+    m.fragment_versions.push_back(fragments_[p].version());
   }
   publisher_->submit_heartbeat(o_.learner_id, encode_member(m));
 }
@@ -233,7 +250,7 @@ void Learner::heartbeat(uint64_t step, float loss) {
 void Learner::export_model(nlohmann::json info) {
   if (o_.export_path.empty()) return;
   nlohmann::json versions = nlohmann::json::array();
-  for (const auto& f : fragments_) versions.push_back(f.version);
+  for (const auto& f : fragments_) versions.push_back(f.version());
   info["run_id"] = o_.config.run.id;
   info["learner"] = o_.learner_id;
   info["mode"] = learner_mode_name(o_.mode);
@@ -255,7 +272,7 @@ int Learner::eval_only_loop() {
   BatchStream heldout = heldout_batches(corpus, o_.config.data, train.batch, o_.config.model.context);
   auto version_sum = [&] {
     uint64_t sum = 0;
-    for (const auto& f : fragments_) sum += f.version;
+    for (const auto& f : fragments_) sum += f.version();
     return sum;
   };
   std::optional<uint64_t> evaluated;  // the version sum of the last evaluation
@@ -263,7 +280,7 @@ int Learner::eval_only_loop() {
     double loss = heldout_loss(setup_.model, heldout, train.eval_batches);
     metrics_.set("global_eval_loss", loss);
     nlohmann::json versions = nlohmann::json::array();
-    for (const auto& f : fragments_) versions.push_back(f.version);
+    for (const auto& f : fragments_) versions.push_back(f.version());
     log({{"event", "global_eval"}, {"eval_loss", loss}, {"versions", versions}, {"version_sum", version_sum()}});
     std::cerr << "eval: global held-out loss " << loss << " at versions " << versions.dump() << "\n";
     if (version_sum() != evaluated.value_or(0)) export_model({{"heldout_loss", loss}});
@@ -271,7 +288,7 @@ int Learner::eval_only_loop() {
   };
   Clock::time_point last_eval{};
   while (!stop_ && !out_of_budget(0)) {
-    adopt_received();
+    adopt_received(0, 0);
     heartbeat(0, 0);
     if (seconds_since(last_eval) >= o_.eval_interval_s) {
       last_eval = Clock::now();
@@ -280,7 +297,7 @@ int Learner::eval_only_loop() {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
   // The last versions published before the stop: evaluate (and export) them too.
-  adopt_received();
+  adopt_received(0, 0);
   if (evaluated != version_sum()) evaluate();
   return 0;
 }
@@ -293,6 +310,7 @@ int Learner::run() {
     log_ = std::make_unique<JsonLines>(o_.run_dir + "/metrics.jsonl");
   }
   endpoint_ = std::make_unique<MetricsEndpoint>(metrics_, o_.metrics_port);
+  metrics_.add("wait_seconds_total", 0);  // listed from the start, also in runs that never wait
   const auto& config = o_.config;
   log({{"event", "start"}, {"mode", learner_mode_name(o_.mode)}, {"region", o_.region}, {"config", config.source},
        {"parameters", setup_.model.num_parameters()}, {"fragments", setup_.layout.num_fragments()},
@@ -330,10 +348,13 @@ int Learner::run() {
     BatchStream batches = training_batches(corpus, config.data, shard, train.batch, config.model.context, config.run.seed);
     BatchStream heldout = heldout_batches(corpus, config.data, train.batch, config.model.context);
     InnerOptimizer optimizer(setup_.model.parameters(), inner_optimizer_options(train));
-    StreamingSchedule schedule{.sync_interval = config.diloco.H, .num_fragments = config.diloco.fragments,
-                               .offset = stagger_offset(o_.index, o_.learners, config.diloco.H)};
+    const StreamingSchedule schedule{
+        .sync_interval = config.diloco.H, .num_fragments = config.diloco.fragments,
+        .offset = config.diloco.stagger ? stagger_offset(o_.index, o_.learners, config.diloco.H) : 0u};
+    schedule_.emplace(schedule);
     const uint64_t tokens_per_step = static_cast<uint64_t>(train.batch * config.model.context);
     double loss_ema = 0;
+    float loss_value = 0;
     uint64_t step = 0;
     auto evaluate = [&] {
       double eval = heldout_loss(setup_.model, heldout, train.eval_batches);
@@ -344,27 +365,30 @@ int Learner::run() {
     };
     if (train.eval_every > 0) evaluate();  // the starting point of every loss curve
     while (!stop_ && !out_of_budget(step)) {
+      wait_for_merges(step, loss_value);
+      if (stop_ || out_of_budget(step)) break;
       auto t0 = Clock::now();
       Batch b = batches.next();
       torch::Tensor loss = setup_.model.loss(b.input, b.target);
       loss.backward();
       optimizer.step(static_cast<int64_t>(step));
       optimizer.zero_grad();
-      float loss_value = loss.item<float>();
+      loss_value = loss.item<float>();
       ++step;
       total_tokens_ += tokens_per_step;
-      for (auto& f : fragments_) {
-        ++f.steps;
-        f.tokens += tokens_per_step;
-      }
+      for (auto& f : fragments_) f.count_step(tokens_per_step);
       if (o_.mode == LearnerMode::Train) {
-        if (auto due = fragment_due(schedule, step)) publish_delta(*due, step, loss_value);
+        for (uint32_t p : schedule_->due(step)) {
+          publish_delta(p, step, loss_value, false);
+          schedule_->cut(p, step);
+        }
       }
-      adopt_received();
+      adopt_received(step, loss_value);
       double compute = seconds_since(t0);
       if (o_.speed_factor > 1.0)
         std::this_thread::sleep_for(std::chrono::duration<double>(compute * (o_.speed_factor - 1.0)));
       double step_time = seconds_since(t0);
+      compute_seconds_ += step_time;
       step_time_ema_ = step_time_ema_ == 0 ? step_time : 0.9 * step_time_ema_ + 0.1 * step_time;
       tokens_per_s_ = static_cast<double>(tokens_per_step) / step_time_ema_;
       loss_ema = loss_ema == 0 ? loss_value : 0.95 * loss_ema + 0.05 * loss_value;
@@ -379,7 +403,8 @@ int Learner::run() {
                               {"loss", loss_value},       {"loss_ema", loss_ema},
                               {"step_time", step_time_ema_}, {"tokens", total_tokens_},
                               {"tokens_per_s", tokens_per_s_}, {"adopted", adopted_},
-                              {"max_rss_kb", max_rss_kb()}};
+                              {"max_rss_kb", max_rss_kb()}, {"compute_seconds", compute_seconds_},
+                              {"wait_seconds", wait_seconds_}};
         if (publisher_) {
           auto s = publisher_->stats();
           record["deltas_delivered"] = s.delivered;
@@ -393,13 +418,14 @@ int Learner::run() {
           record["params_rejected"] = inbox_->rejected();
         }
         nlohmann::json versions = nlohmann::json::array();
-        for (const auto& f : fragments_) versions.push_back(f.version);
+        for (const auto& f : fragments_) versions.push_back(f.version());
         record["versions"] = versions;
         log(record);
       }
       if (train.eval_every > 0 && step % static_cast<uint64_t>(train.eval_every) == 0) evaluate();
     }
-    log({{"event", "stop"}, {"step", step}, {"tokens", total_tokens_}, {"reason", stop_ ? "signal" : "budget"}});
+    log({{"event", "stop"}, {"step", step}, {"tokens", total_tokens_}, {"reason", stop_ ? "signal" : "budget"},
+         {"compute_seconds", compute_seconds_}, {"wait_seconds", wait_seconds_}});
     export_model({{"step", step}, {"tokens", total_tokens_}});
   }
 

@@ -29,7 +29,7 @@ struct LearnerOptions {
   std::string learner_id = "learner-0";
   std::string region = "region0";
   std::vector<std::string> regions = {"region0"};  // every region of the run (data split by region)
-  uint32_t index = 0;         // this learner's index among `learners` (data shard, stagger)
+  uint32_t index = 0;         // this learner's index among `learners` (data shard; stagger if diloco.stagger)
   uint32_t learners = 1;
   KafkaOptions kafka;
   std::vector<std::string> merger_endpoints;  // in addition to those announced in `members`

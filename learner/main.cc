@@ -36,7 +36,7 @@ int main(int argc, char** argv) {
   app.add_option("--id", o.learner_id, "learner id, unique in the run (Kafka header, membership key)")->capture_default_str();
   app.add_option("--region", o.region, "this learner's region: its deltas go to topic diloco.<run>.deltas.<region>")->capture_default_str();
   app.add_option("--regions", regions, "every region of the run, comma-separated (data.split=region gives each its own books)")->capture_default_str();
-  app.add_option("--index", o.index, "this learner's index in [0, --learners): data shard and schedule stagger")->capture_default_str();
+  app.add_option("--index", o.index, "this learner's index in [0, --learners): data shard (and schedule stagger with diloco.stagger)")->capture_default_str();
   app.add_option("--learners", o.learners, "number of learners sharing the training data")->capture_default_str()->check(CLI::PositiveNumber);
   app.add_option("--bootstrap", bootstrap, "Kafka bootstrap servers (default: $DILOCO_BOOTSTRAP or 127.0.0.1:19092)")->capture_default_str();
   app.add_option("--merger", endpoints, "extra merger ZeroMQ endpoints, comma-separated (normally learned from the members topic)");

@@ -169,6 +169,10 @@ void parse_diloco(const Section& s, RunConfig& c) {
     if (key == "fragments") read(f, c.diloco.fragments);
     else if (key == "H") read(f, c.diloco.H);
     else if (key == "blend_alpha") read(f, c.diloco.blend_alpha);
+    else if (key == "stagger") read(f, c.diloco.stagger);
+    else if (key == "cut_on_arrival") read(f, c.diloco.cut_on_arrival);
+    else if (key == "wait_steps") read(f, c.diloco.wait_steps);
+    else if (key == "wait_timeout_seconds") read(f, c.diloco.wait_timeout_seconds);
     else unknown_key(f);
   }
 }
@@ -372,6 +376,13 @@ void validate_run_config(const RunConfig& c) {
                        "diloco.fragments (", c.diloco.fragments, ")"));
   check(c.diloco.blend_alpha >= 0 && c.diloco.blend_alpha < 1, c,
         "diloco.blend_alpha must be in [0, 1) (0 overwrites with the received parameters)");
+  check(c.diloco.cut_on_arrival >= 0 && c.diloco.cut_on_arrival <= 1, c,
+        detail::concat("diloco.cut_on_arrival (", c.diloco.cut_on_arrival,
+                       ") must be in [0, 1]: a share of H (0 disables the cut before an overwrite)"));
+  check(c.diloco.wait_steps >= -1, c,
+        detail::concat("diloco.wait_steps (", c.diloco.wait_steps,
+                       ") must be -1 (never wait) or at least 0 (steps run before waiting for the merge)"));
+  check(c.diloco.wait_timeout_seconds > 0, c, "diloco.wait_timeout_seconds must be positive");
 
   check(c.codec.block_size >= 1, c, "codec.block_size must be at least 1");
   check(c.codec.zstd_level >= 1 && c.codec.zstd_level <= 22, c,

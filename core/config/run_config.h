@@ -48,6 +48,18 @@ struct DilocoConfig {
   uint32_t H = 100;          // inner steps between two syncs of one fragment; a multiple of P
   // On adoption theta = alpha * theta_local + (1 - alpha) * received; 0 overwrites.
   double blend_alpha = 0.0;
+  // false: every learner cuts fragment p at steps (p+1)*H/P + k*H of its own step count, so one
+  // fragment's deltas from several learners meet in one merge. true: learner m is shifted by m*H/M.
+  bool stagger = false;
+  // When a version of p arrives that does not contain this learner's progress on p (no delta of p
+  // sent on the current base) and the learner has done at least cut_on_arrival * H steps on p, it
+  // cuts that delta first, then adopts; p's next cut is H steps later. In [0, 1]; 0 disables it.
+  double cut_on_arrival = 0.0;
+  // -1: never wait (Decoupled DiLoCo). k >= 0: after sending a delta of p on base b, run at most k
+  // more inner steps, then wait until a version of p above b arrives (0 with merger.quorum equal
+  // to the number of learners is synchronous DiLoCo).
+  int64_t wait_steps = -1;
+  double wait_timeout_seconds = 300;  // a wait longer than this is given up (wait_timeout event)
 };
 
 struct CodecConfig {

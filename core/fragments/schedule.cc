@@ -30,4 +30,20 @@ uint32_t stagger_offset(uint32_t learner_index, uint32_t num_learners, uint32_t 
   return static_cast<uint32_t>(uint64_t{learner_index} * sync_interval / num_learners);
 }
 
+CutSchedule::CutSchedule(const StreamingSchedule& s) : sync_interval_(s.sync_interval), next_due_(s.num_fragments, 0) {
+  validate_schedule(s);
+  // Every fragment is due exactly once in steps 1..H.
+  for (uint64_t step = 1; step <= s.sync_interval; ++step)
+    if (auto p = fragment_due(s, step)) next_due_[*p] = step;
+}
+
+std::vector<uint32_t> CutSchedule::due(uint64_t step) const {
+  std::vector<uint32_t> out;
+  for (uint32_t p = 0; p < next_due_.size(); ++p)
+    if (next_due_[p] <= step) out.push_back(p);
+  return out;
+}
+
+void CutSchedule::cut(uint32_t p, uint64_t step) { next_due_.at(p) = step + sync_interval_; }
+
 }  // namespace diloco

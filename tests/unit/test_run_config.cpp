@@ -184,6 +184,47 @@ TEST_CASE("the shipped configs load and validate", "[config]") {
   }
 }
 
+TEST_CASE("the diloco section: schedule phase, cut before an overwrite and synchronous waits", "[config]") {
+  RunConfig c = parse_run_config("", "empty");
+  CHECK_FALSE(c.diloco.stagger);
+  CHECK(c.diloco.cut_on_arrival == 0.0);
+  CHECK(c.diloco.wait_steps == -1);
+  CHECK(c.diloco.wait_timeout_seconds == Approx(300));
+  RunConfig d = parse_run_config(R"(
+[diloco]
+stagger = true
+cut_on_arrival = 0.25
+wait_steps = 0
+wait_timeout_seconds = 30
+)",
+                                 "d.toml");
+  CHECK(d.diloco.stagger);
+  CHECK(d.diloco.cut_on_arrival == Approx(0.25));
+  CHECK(d.diloco.wait_steps == 0);
+  CHECK(d.diloco.wait_timeout_seconds == Approx(30));
+  CHECK_NOTHROW(validate_run_config(d));
+  apply_override(d, "diloco.wait_steps=5");
+  apply_override(d, "diloco.cut_on_arrival=1");  // an integer for a fraction
+  CHECK(d.diloco.wait_steps == 5);
+  CHECK(d.diloco.cut_on_arrival == 1.0);
+  CHECK_NOTHROW(validate_run_config(d));
+
+  CHECK_THROWS_WITH(parse_run_config("[diloco]\nstagger = 1\n", "d.toml"),
+                    Contains("d.toml:2: diloco.stagger: expected a boolean"));
+  CHECK_THROWS_WITH(parse_run_config("[diloco]\nwait_steps = 0.5\n", "d.toml"),
+                    Contains("diloco.wait_steps: expected an integer"));
+  const auto invalid = [](std::string_view override_text) {
+    RunConfig e;
+    apply_override(e, override_text);
+    validate_run_config(e);
+  };
+  CHECK_THROWS_WITH(invalid("diloco.wait_steps=-2"), Contains("diloco.wait_steps (-2) must be -1"));
+  CHECK_THROWS_WITH(invalid("diloco.cut_on_arrival=1.5"), Contains("diloco.cut_on_arrival (1.5) must be in [0, 1]"));
+  CHECK_THROWS_WITH(invalid("diloco.cut_on_arrival=-0.1"), Contains("diloco.cut_on_arrival"));
+  CHECK_THROWS_WITH(invalid("diloco.wait_timeout_seconds=0"), Contains("diloco.wait_timeout_seconds must be positive"));
+  CHECK_THROWS_WITH(invalid("diloco.wiat_steps=1"), Contains("diloco.wiat_steps"));
+}
+
 TEST_CASE("the merger section: paper defaults, overrides and range checks", "[config]") {
   RunConfig c = parse_run_config("", "empty");
   CHECK(c.merger.quorum == 1);

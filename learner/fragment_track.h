@@ -1,0 +1,97 @@
+// A learner's bookkeeping for one fragment: the global version it trains on (its base), the
+// anchor its deltas are measured from, the error-feedback residual, the counters sent with each
+// delta, and whether it waits for a merge. Pure logic on plain values: the learner copies the
+// fragment's parameters out of the model before cut() and writes adopt()'s result back into it.
+//
+// Error feedback. The merger merges at most one delta per learner and base (a later delta on the
+// same base contains the earlier one's progress, since both are measured from the same anchor).
+// So every cut on one base starts from the residual carried into that base, not from the residual
+// of an earlier cut on the same base (that cut is superseded: only one of them is merged).
+// On adoption, the residual of the last cut on the old base becomes the carried residual (what
+// quantization held back of the progress that went out); if no delta was sent on the old base,
+// the carried residual stays as it was (none of it has gone out yet).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+#include "core/codec/messages.h"
+#include "core/codec/quantize.h"
+
+namespace diloco {
+
+// What a cut produced: the quantized outer gradient and the header fields it was measured with.
+struct CutDelta {
+  uint64_t base_version = 0;
+  uint32_t inner_steps = 0;  // on this fragment since the base was adopted
+  uint64_t tokens = 0;
+  std::vector<QuantizedTensor> tensors;
+};
+
+// theta = alpha * local + (1 - alpha) * received, tensor by tensor (Streaming DiLoCo's mixing).
+// Throws InvalidInput if the shapes differ.
+std::vector<DenseTensor> blend(const std::vector<DenseTensor>& local, const std::vector<DenseTensor>& received,
+                               double alpha);
+
+class FragmentTrack {
+ public:
+  FragmentTrack() = default;
+  // Starts on `version` whose parameters are `anchor`, with zero residual and counters.
+  FragmentTrack(std::vector<DenseTensor> anchor, uint64_t version, uint64_t checksum = 0);
+
+  // One inner step done (every fragment trains at every step).
+  void count_step(uint64_t tokens);
+
+  // The outer gradient anchor - current (+ carried residual), quantized; `current` holds the
+  // fragment's parameters now, one flat vector per tensor in layout order. Marks the base as
+  // carrying this learner's progress. Throws InvalidInput on a tensor count or size mismatch.
+  CutDelta cut(const std::vector<std::vector<float>>& current, DType dtype, uint32_t block_size);
+
+  // Adopts a newer version: it becomes the anchor and base, the counters restart at 0 and a wait
+  // for a version above the last cut's base ends. Returns what the model's fragment must hold:
+  // `received` itself when alpha is 0 (overwrite), else blend(local, received, alpha).
+  std::vector<DenseTensor> adopt(uint64_t version, uint64_t checksum, std::vector<DenseTensor> received,
+                                 double alpha = 0, const std::vector<DenseTensor>& local = {});
+
+  // Cut before an overwrite (diloco.cut_on_arrival): true when a version above the base arrives,
+  // no delta was sent on the base since it was adopted (so the arriving version cannot contain
+  // this learner's progress) and at least `fraction` * H inner steps were done on the base.
+  // fraction 0 disables it.
+  bool cut_before_adopting(uint64_t arriving_version, double fraction, uint32_t H) const;
+
+  // Synchronous modes (diloco.wait_steps = k >= 0): after a cut on base b at step s, the learner
+  // must not start an inner step past s + k until it holds a version above b. True when a wait is
+  // pending and `step` (inner steps completed) has reached s + k. give_up_wait() ends it anyway.
+  void expect_merge(uint64_t cut_step, int64_t wait_steps);
+  bool must_wait(uint64_t step) const;
+  void give_up_wait() { awaiting_.reset(); }
+  std::optional<uint64_t> awaited_base() const;
+
+  uint64_t version() const { return version_; }
+  uint64_t checksum() const { return checksum_; }
+  const std::vector<DenseTensor>& anchor() const { return anchor_; }
+  uint32_t steps() const { return steps_; }
+  uint64_t tokens() const { return tokens_; }
+  bool sent_on_base() const { return sent_on_base_; }
+  // Residual the next cut on the current base starts from (one vector per tensor).
+  std::vector<std::vector<float>> carried_residual() const;
+
+ private:
+  struct Wait {
+    uint64_t base = 0;
+    uint64_t until_step = 0;  // the learner may complete inner steps up to this count
+  };
+
+  uint64_t version_ = 0;
+  uint64_t checksum_ = 0;
+  std::vector<DenseTensor> anchor_;
+  std::vector<ErrorFeedback> carried_;  // residual carried into the current base
+  std::vector<ErrorFeedback> last_cut_; // residual after the latest cut on the current base
+  bool sent_on_base_ = false;
+  uint32_t steps_ = 0;
+  uint64_t tokens_ = 0;
+  std::optional<Wait> awaiting_;
+};
+
+}  // namespace diloco

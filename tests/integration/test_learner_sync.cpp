@@ -1,0 +1,68 @@
+// Synchronous DiLoCo by configuration: merger.quorum = number of learners and diloco.wait_steps = 0
+// on the same loop. Real broker, one merger and two learner processes: every merge combines both
+// learners' deltas on the same base (the schedules meet), and the learners report time waited.
+#include <catch2/catch.hpp>
+
+#include <memory>
+
+#include "tests/integration/child_process.h"
+#include "tests/integration/run_fixture.h"
+
+using namespace diloco;
+using namespace std::chrono_literals;
+
+TEST_CASE("2 learners with wait_steps 0 and quorum 2: every merge has both, the learners wait", "[learner][sync]") {
+  KafkaOptions kafka = testing::require_broker();
+  const std::string run = testing::unique_run_id("sync");
+  testing::create_run(kafka, run, {"r0"}, 2);
+  const std::string dir = testing::temp_dir("sync");
+  const std::vector<std::string> sets = {"--set", "run.id=\"" + run + "\"", "--set", "merger.quorum=2",
+                                         "--set", "diloco.wait_steps=0", "--set", "diloco.H=8",
+                                         "--set", "train.eval_every=0", "--set", "diloco.wait_timeout_seconds=60"};
+  auto start = [&](std::vector<std::string> args, const std::string& id) {
+    args.insert(args.end(), {"-c", testing::tiny_config_path(), "--id", id, "--bootstrap", kafka.bootstrap_servers,
+                             "--run-dir", dir + "/" + id});
+    args.insert(args.end(), sets.begin(), sets.end());
+    return std::make_unique<testing::ChildProcess>(args, dir + "/" + id + ".log");
+  };
+  auto merger = start({testing::merger_binary()}, "M0");
+  std::vector<std::unique_ptr<testing::ChildProcess>> learners;
+  for (int i = 0; i < 2; ++i)
+    learners.push_back(start({testing::learner_binary(), "--index", std::to_string(i), "--learners", "2", "--region",
+                              "r0", "--regions", "r0", "--steps", "40", "--log-every", "10"},
+                             "L" + std::to_string(i)));
+  for (auto& l : learners) {
+    auto code = l->wait_exit(90s);
+    INFO(l->log());
+    REQUIRE(code.has_value());
+    CHECK(*code == 0);
+  }
+  merger->signal(SIGTERM);
+  REQUIRE(merger->wait_exit(30s).has_value());
+
+  size_t merges = 0;
+  for (const auto& j : testing::read_json_lines(dir + "/M0/metrics.jsonl")) {
+    if (j.value("event", "") != "merge") continue;
+    ++merges;
+    INFO(j.dump());
+    REQUIRE(j["inputs"].size() == 2);
+    for (const auto& in : j["inputs"]) CHECK(in["staleness"] == 0);  // both cut on the same base
+  }
+  // 40 steps, one cut every H / P = 2 steps: 20 rounds, the last one or two may miss the stop.
+  CHECK(merges >= 16);
+  for (const char* id : {"L0", "L1"}) {
+    const std::string metrics = dir + "/" + id + "/metrics.jsonl";
+    size_t waits = 0;
+    for (const auto& j : testing::read_json_lines(metrics))
+      if (j.value("event", "") == "wait") ++waits;
+    CHECK(waits >= 16);
+    CHECK_FALSE(testing::last_event(metrics, "wait_timeout"));
+    auto stop = testing::last_event(metrics, "stop");
+    REQUIRE(stop.has_value());
+    CHECK(stop->at("wait_seconds").get<double>() > 0);
+    CHECK(stop->at("compute_seconds").get<double>() > 0);
+    auto step = testing::last_event(metrics, "step");
+    REQUIRE(step.has_value());
+    CHECK(step->contains("wait_seconds"));
+  }
+}

@@ -1,0 +1,189 @@
+// A learner's per-fragment bookkeeping (learner/fragment_track.h) and its cut schedule
+// (core/fragments/schedule.h). Expected values are worked out by hand: with int8 and one block,
+// scale = absmax / 127, so a block whose absmax is 127 quantizes each value to round-half-even(x).
+#include <catch2/catch.hpp>
+
+#include <vector>
+
+#include "core/codec/quantize.h"
+#include "core/errors.h"
+#include "core/fragments/schedule.h"
+#include "learner/fragment_track.h"
+
+using namespace diloco;
+
+namespace {
+
+// One fragment of one tensor of two values.
+std::vector<DenseTensor> tensors(float a, float b) { return {DenseTensor{.index = 0, .shape = {2}, .values = {a, b}}}; }
+std::vector<std::vector<float>> values(float a, float b) { return {{a, b}}; }
+
+std::vector<float> sent(const CutDelta& d) {
+  REQUIRE(d.tensors.size() == 1);
+  std::vector<float> out(2);
+  dequantize(d.tensors[0], out);
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("a delta is anchor minus current, with the counters since the base", "[learner]") {
+  FragmentTrack f(tensors(3, -1), 4);
+  f.count_step(16);
+  f.count_step(16);
+  CutDelta d = f.cut(values(1, 2), DType::F32, 64);
+  CHECK(sent(d) == std::vector<float>{2, -3});
+  CHECK(d.base_version == 4);
+  CHECK(d.inner_steps == 2);
+  CHECK(d.tokens == 32);
+  CHECK(f.sent_on_base());
+  CHECK_THROWS_AS(f.cut({{1, 2}, {3}}, DType::F32, 64), InvalidInput);
+  CHECK_THROWS_AS(f.cut({{1}}, DType::F32, 64), InvalidInput);
+}
+
+TEST_CASE("a second cut on the same base starts from the residual carried into the base", "[learner]") {
+  FragmentTrack f(tensors(127, 0.25f), 0);
+  f.count_step(1);
+  // delta (127, 0.25) -> sent (127, 0), held back (0, 0.25)
+  CHECK(sent(f.cut(values(0, 0), DType::INT8, 64)) == std::vector<float>{127, 0});
+  // The first cut is superseded by the second (both on base 0; the merger takes one of them), so
+  // its 0.25 is not added again: delta (127, 0.375) -> sent (127, 0). Chaining the residual
+  // would have sent round(0.625) = 1.
+  CutDelta second = f.cut(values(0, -0.125f), DType::INT8, 64);
+  CHECK(sent(second) == std::vector<float>{127, 0});
+  CHECK(second.base_version == 0);
+  CHECK(f.carried_residual() == std::vector<std::vector<float>>{{0, 0}});
+}
+
+TEST_CASE("on adoption the residual of the last cut is carried into the new base", "[learner]") {
+  FragmentTrack f(tensors(127, 0.25f), 0);
+  f.count_step(1);
+  CHECK(sent(f.cut(values(0, 0), DType::INT8, 64)) == std::vector<float>{127, 0});  // holds back 0.25
+  auto model = f.adopt(1, 77, tensors(10, 10));
+  CHECK(model[0].values == std::vector<float>{10, 10});  // overwrite
+  CHECK(f.carried_residual() == std::vector<std::vector<float>>{{0, 0.25f}});
+  // A version adopted without a cut in between keeps the carried residual (none of it went out).
+  f.adopt(2, 78, tensors(10, 10));
+  CHECK(f.carried_residual() == std::vector<std::vector<float>>{{0, 0.25f}});
+  f.count_step(1);
+  // delta (10 - -117, 10 - 9.625) = (127, 0.375), plus 0.25 carried = (127, 0.625) -> (127, 1).
+  CutDelta d = f.cut(values(-117, 9.625f), DType::INT8, 64);
+  CHECK(sent(d) == std::vector<float>{127, 1});
+  CHECK(d.base_version == 2);
+  f.adopt(3, 79, tensors(0, 0));
+  CHECK(f.carried_residual() == std::vector<std::vector<float>>{{0, -0.375f}});
+}
+
+TEST_CASE("blend_alpha mixes the local and the received parameters; the anchor is the received", "[learner]") {
+  FragmentTrack f(tensors(0, 0), 0);
+  f.count_step(1);
+  auto model = f.adopt(1, 0, tensors(0, 4), 0.25, tensors(4, 8));
+  // 0.25 * (4, 8) + 0.75 * (0, 4) = (1, 5)
+  CHECK(model[0].values == std::vector<float>{1, 5});
+  CHECK(f.anchor()[0].values == std::vector<float>{0, 4});
+  f.count_step(1);
+  CHECK(sent(f.cut(values(1, 5), DType::F32, 64)) == std::vector<float>{-1, -1});
+  CHECK(blend(tensors(2, 2), tensors(4, 6), 0.5)[0].values == std::vector<float>{3, 4});
+  CHECK_THROWS_AS(blend(tensors(2, 2), {}, 0.5), InvalidInput);
+}
+
+TEST_CASE("adoption resets the counters of the fragment", "[learner]") {
+  FragmentTrack f(tensors(0, 0), 3, 11);
+  for (int i = 0; i < 3; ++i) f.count_step(16);
+  CHECK(f.steps() == 3);
+  CHECK(f.tokens() == 48);
+  f.cut(values(0, 0), DType::F32, 64);
+  f.adopt(5, 12, tensors(1, 1));
+  CHECK(f.version() == 5);
+  CHECK(f.checksum() == 12);
+  CHECK(f.steps() == 0);
+  CHECK(f.tokens() == 0);
+  CHECK_FALSE(f.sent_on_base());
+  f.count_step(16);
+  CutDelta d = f.cut(values(0, 0), DType::F32, 64);
+  CHECK(d.inner_steps == 1);
+  CHECK(d.tokens == 16);
+  CHECK(d.base_version == 5);
+}
+
+TEST_CASE("a cut before an overwrite needs progress of its own that the arriving version lacks", "[learner]") {
+  const uint32_t H = 10;
+  FragmentTrack f(tensors(0, 0), 2);
+  for (int i = 0; i < 4; ++i) f.count_step(1);
+  CHECK_FALSE(f.cut_before_adopting(3, 0.5, H));  // 4 steps < 0.5 * 10
+  f.count_step(1);
+  CHECK(f.cut_before_adopting(3, 0.5, H));        // 5 steps >= 5
+  CHECK_FALSE(f.cut_before_adopting(3, 0.0, H));  // disabled
+  CHECK_FALSE(f.cut_before_adopting(2, 0.5, H));  // not a newer version
+  CHECK(f.cut_before_adopting(3, 0.1, H));
+  f.cut(values(0, 0), DType::F32, 64);
+  // A delta on this base went out: the arriving version may already contain it.
+  CHECK_FALSE(f.cut_before_adopting(3, 0.5, H));
+  f.adopt(3, 0, tensors(0, 0));
+  CHECK_FALSE(f.cut_before_adopting(4, 0.1, H));  // no steps since the adoption
+  f.count_step(1);
+  CHECK(f.cut_before_adopting(4, 0.1, H));
+}
+
+TEST_CASE("after a cut a synchronous learner waits for a version above the base", "[learner]") {
+  FragmentTrack f(tensors(0, 0), 6);
+  f.count_step(1);
+  f.cut(values(0, 0), DType::F32, 64);
+  f.expect_merge(10, -1);  // Decoupled: never waits
+  CHECK_FALSE(f.must_wait(1000));
+  f.expect_merge(10, 2);   // may complete steps 11 and 12, then waits
+  CHECK(f.awaited_base() == 6u);
+  CHECK_FALSE(f.must_wait(10));
+  CHECK_FALSE(f.must_wait(11));
+  CHECK(f.must_wait(12));
+  f.adopt(7, 0, tensors(0, 0));
+  CHECK_FALSE(f.must_wait(12));
+  CHECK_FALSE(f.awaited_base());
+
+  f.count_step(1);
+  f.cut(values(0, 0), DType::F32, 64);
+  f.expect_merge(20, 0);
+  CHECK(f.must_wait(20));
+  f.give_up_wait();
+  CHECK_FALSE(f.must_wait(20));
+}
+
+TEST_CASE("the cut schedule follows the fixed phase schedule unless a fragment is cut early", "[learner][schedule]") {
+  for (uint32_t H : {1u, 4u, 12u, 24u})
+    for (uint32_t P : {1u, 2u, 4u, 12u})
+      for (uint32_t offset : {0u, 1u, 5u}) {
+        if (P > H || H % P != 0) continue;
+        const StreamingSchedule s{H, P, offset};
+        CutSchedule cuts(s);
+        for (uint64_t step = 1; step <= 5ull * H; ++step) {
+          auto due = cuts.due(step);
+          auto fixed = fragment_due(s, step);
+          REQUIRE(due.size() == (fixed ? 1u : 0u));
+          if (fixed) {
+            REQUIRE(due[0] == *fixed);
+            cuts.cut(due[0], step);
+          }
+        }
+      }
+
+  // H = 12, P = 4, offset 0: fragment p at 3, 6, 9, 12, then 15, ...
+  CutSchedule cuts(StreamingSchedule{12, 4, 0});
+  CHECK(cuts.next_due(0) == 3u);
+  CHECK(cuts.next_due(3) == 12u);
+  cuts.cut(2, 7);  // fragment 2, due at 9, is cut early at step 7
+  CHECK(cuts.next_due(2) == 19u);
+  CHECK(cuts.due(9).size() == 2u);  // fragments 0 (due 3) and 1 (due 6) were never cut here
+  cuts.cut(0, 3);
+  cuts.cut(1, 6);
+  CHECK(cuts.due(9).empty());
+  CHECK(cuts.due(12) == std::vector<uint32_t>{3});
+  cuts.cut(3, 12);
+  CHECK(cuts.due(15) == std::vector<uint32_t>{0});
+  CHECK(cuts.due(18) == std::vector<uint32_t>{0, 1});
+  cuts.cut(0, 15);
+  cuts.cut(1, 18);
+  CHECK(cuts.due(19) == std::vector<uint32_t>{2});  // 7 + 12: the early cut moved its phase
+  cuts.cut(2, 19);
+  CHECK(cuts.next_due(2) == 31u);
+  CHECK(cuts.due(26) == std::vector<uint32_t>{3});  // 12 + 12; fragment 0 follows at 27
+}
