@@ -50,23 +50,59 @@ CutDelta FragmentTrack::cut(const std::vector<std::vector<float>>& current, DTyp
     out.tensors.push_back(last_cut_[t].push(t, anchor_[t].shape, delta, dtype, block_size));
   }
   sent_on_base_ = true;
+  cut_point_ = current;
+  steps_at_cut_ = steps_;
+  tokens_at_cut_ = tokens_;
   return out;
 }
 
-std::vector<DenseTensor> FragmentTrack::adopt(uint64_t version, uint64_t checksum, std::vector<DenseTensor> received,
-                                              double alpha, const std::vector<DenseTensor>& local) {
+void FragmentTrack::check_received(const std::vector<DenseTensor>& received, const char* what) const {
   if (received.size() != anchor_.size())
-    throw InvalidInput(detail::concat("adopt: ", received.size(), " tensors, the anchor has ", anchor_.size()));
-  std::vector<DenseTensor> model = alpha > 0 ? blend(local, received, alpha) : received;
+    throw InvalidInput(detail::concat(what, ": ", received.size(), " tensors, the anchor has ", anchor_.size()));
+}
+
+// The bookkeeping every adoption shares: the residual carried into the new base, the new anchor
+// and base, and the end of a wait for it. Counters are the caller's.
+void FragmentTrack::start_base(uint64_t version, uint64_t checksum, std::vector<DenseTensor> received) {
   if (sent_on_base_) carried_ = std::move(last_cut_);
   last_cut_.clear();
+  cut_point_.clear();
   version_ = version;
   checksum_ = checksum;
   anchor_ = std::move(received);
   sent_on_base_ = false;
+  if (awaiting_ && version_ > awaiting_->base) awaiting_.reset();
+}
+
+std::vector<DenseTensor> FragmentTrack::rebase(uint64_t version, uint64_t checksum, std::vector<DenseTensor> received,
+                                               const std::vector<DenseTensor>& local) {
+  check_received(received, "rebase");
+  if (local.size() != received.size())
+    throw InvalidInput(detail::concat("rebase: ", local.size(), " local tensors, ", received.size(), " received"));
+  std::vector<DenseTensor> model = received;
+  for (size_t t = 0; t < model.size(); ++t) {
+    const std::vector<float>& from = sent_on_base_ ? cut_point_.at(t) : anchor_[t].values;
+    auto& v = model[t].values;
+    if (local[t].values.size() != v.size() || from.size() != v.size())
+      throw InvalidInput(detail::concat("rebase: tensor ", t, " has ", local[t].values.size(), " local values and ",
+                                        v.size(), " received"));
+    for (size_t i = 0; i < v.size(); ++i) v[i] += local[t].values[i] - from[i];
+  }
+  if (sent_on_base_) {
+    steps_ -= steps_at_cut_;
+    tokens_ -= tokens_at_cut_;
+  }
+  start_base(version, checksum, std::move(received));
+  return model;
+}
+
+std::vector<DenseTensor> FragmentTrack::adopt(uint64_t version, uint64_t checksum, std::vector<DenseTensor> received,
+                                              double alpha, const std::vector<DenseTensor>& local) {
+  check_received(received, "adopt");
+  std::vector<DenseTensor> model = alpha > 0 ? blend(local, received, alpha) : received;
+  start_base(version, checksum, std::move(received));
   steps_ = 0;
   tokens_ = 0;
-  if (awaiting_ && version_ > awaiting_->base) awaiting_.reset();
   return model;
 }
 

@@ -54,6 +54,16 @@ class FragmentTrack {
   std::vector<DenseTensor> adopt(uint64_t version, uint64_t checksum, std::vector<DenseTensor> received,
                                  double alpha = 0, const std::vector<DenseTensor>& local = {});
 
+  // Adoption that keeps this learner's unsent progress (diloco.adopt = "rebase"): the model's
+  // fragment becomes received + (local - from), where `from` is the parameters at the last cut on
+  // the current base (that progress is in the merge, or on its way to the next one) or, when
+  // nothing was cut on the base, the anchor (none of it has gone out: it goes with the next cut,
+  // measured from the new anchor). The counters keep the steps and tokens of the kept progress.
+  // Otherwise as adopt(). With local equal to the last cut (a synchronous learner that waited
+  // right after cutting) it is exactly an overwrite.
+  std::vector<DenseTensor> rebase(uint64_t version, uint64_t checksum, std::vector<DenseTensor> received,
+                                  const std::vector<DenseTensor>& local);
+
   // Cut before an overwrite (diloco.cut_on_arrival): true when a version above the base arrives,
   // no delta was sent on the base since it was adopted (so the arriving version cannot contain
   // this learner's progress) and at least `fraction` * H inner steps were done on the base.
@@ -91,7 +101,13 @@ class FragmentTrack {
   bool sent_on_base_ = false;
   uint32_t steps_ = 0;
   uint64_t tokens_ = 0;
+  std::vector<std::vector<float>> cut_point_;  // the parameters at the latest cut on the base
+  uint32_t steps_at_cut_ = 0;
+  uint64_t tokens_at_cut_ = 0;
   std::optional<Wait> awaiting_;
+
+  void check_received(const std::vector<DenseTensor>& received, const char* what) const;
+  void start_base(uint64_t version, uint64_t checksum, std::vector<DenseTensor> received);
 };
 
 }  // namespace diloco

@@ -130,6 +130,16 @@ void Learner::adopt_received(uint64_t step, float loss) {
   std::vector<uint64_t> known;
   for (const auto& f : fragments_) known.push_back(f.version());
   const auto& d = o_.config.diloco;
+  // A merger's quorum for p is in: a learner whose own cut of p is close sends it now, inside the
+  // grace window, so that it joins that merge instead of missing it by a few steps.
+  for (const RoundOpen& notice : inbox_->take_round_opens()) {
+    const uint32_t p = notice.fragment;
+    if (o_.mode != LearnerMode::Train || p >= fragments_.size() || notice.version < fragments_[p].version()) continue;
+    if (!fragments_[p].cut_before_adopting(notice.version + 1, d.cut_on_arrival, d.H)) continue;
+    publish_delta(p, step, loss, true);
+    schedule_->cut(p, step);
+    log({{"event", "round_open_cut"}, {"fragment", p}, {"version", notice.version}, {"merger", notice.merger_instance}});
+  }
   for (FragmentParams& params : inbox_->take(known)) {
     uint32_t p = params.fragment;
     auto& f = fragments_[p];
@@ -143,9 +153,11 @@ void Learner::adopt_received(uint64_t step, float loss) {
     }
     uint64_t behind = params.version - f.version();
     const double alpha = d.blend_alpha;
-    auto local = alpha > 0 ? fragment_tensors(setup_.model, setup_.layout, p) : std::vector<DenseTensor>{};
+    const bool rebase = d.adopt == "rebase";
+    auto local = alpha > 0 || rebase ? fragment_tensors(setup_.model, setup_.layout, p) : std::vector<DenseTensor>{};
     load_fragment(setup_.model, setup_.layout, p,
-                  f.adopt(params.version, params.checksum, std::move(params.tensors), alpha, local));
+                  rebase ? f.rebase(params.version, params.checksum, std::move(params.tensors), local)
+                         : f.adopt(params.version, params.checksum, std::move(params.tensors), alpha, local));
     ++adopted_;
     metrics_.add("versions_adopted_total", 1);
     metrics_.set("fragment_version", static_cast<double>(f.version()), {{"fragment", std::to_string(p)}});

@@ -168,6 +168,7 @@ void parse_diloco(const Section& s, RunConfig& c) {
     const Field f = s.field(key, node);
     if (key == "fragments") read(f, c.diloco.fragments);
     else if (key == "H") read(f, c.diloco.H);
+    else if (key == "adopt") read(f, c.diloco.adopt);
     else if (key == "blend_alpha") read(f, c.diloco.blend_alpha);
     else if (key == "stagger") read(f, c.diloco.stagger);
     else if (key == "cut_on_arrival") read(f, c.diloco.cut_on_arrival);
@@ -376,6 +377,10 @@ void validate_run_config(const RunConfig& c) {
                        "diloco.fragments (", c.diloco.fragments, ")"));
   check(c.diloco.blend_alpha >= 0 && c.diloco.blend_alpha < 1, c,
         "diloco.blend_alpha must be in [0, 1) (0 overwrites with the received parameters)");
+  check(c.diloco.adopt == "overwrite" || c.diloco.adopt == "rebase", c,
+        "diloco.adopt must be \"overwrite\" or \"rebase\", not \"" + c.diloco.adopt + "\"");
+  check(c.diloco.adopt == "overwrite" || c.diloco.blend_alpha == 0, c,
+        "diloco.blend_alpha mixes on overwrite: set it to 0 with diloco.adopt = \"rebase\"");
   check(c.diloco.cut_on_arrival >= 0 && c.diloco.cut_on_arrival <= 1, c,
         detail::concat("diloco.cut_on_arrival (", c.diloco.cut_on_arrival,
                        ") must be in [0, 1]: a share of H (0 disables the cut before an overwrite)"));

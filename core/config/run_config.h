@@ -46,14 +46,20 @@ struct TrainConfig {
 struct DilocoConfig {
   uint32_t fragments = 4;    // P
   uint32_t H = 100;          // inner steps between two syncs of one fragment; a multiple of P
-  // On adoption theta = alpha * theta_local + (1 - alpha) * received; 0 overwrites.
+  // How a learner takes a received version of a fragment: "overwrite" (the paper; with
+  // blend_alpha > 0, Streaming DiLoCo's mixing) or "rebase": received plus the local progress not
+  // yet in it (the steps since its last cut, or since its base if it cut nothing on it), which
+  // its next delta then carries, so adoption never throws training away.
+  std::string adopt = "overwrite";
+  // With adopt = "overwrite": theta = alpha * theta_local + (1 - alpha) * received; 0 overwrites.
   double blend_alpha = 0.0;
   // false: every learner cuts fragment p at steps (p+1)*H/P + k*H of its own step count, so one
   // fragment's deltas from several learners meet in one merge. true: learner m is shifted by m*H/M.
   bool stagger = false;
   // When a version of p arrives that does not contain this learner's progress on p (no delta of p
-  // sent on the current base) and the learner has done at least cut_on_arrival * H steps on p, it
-  // cuts that delta first, then adopts; p's next cut is H steps later. In [0, 1]; 0 disables it.
+  // sent on the current base), or a merger's RoundOpen notice says p's quorum is in, and the
+  // learner has done at least cut_on_arrival * H steps on p, it cuts that delta at once (before
+  // adopting); p's next cut is H steps later. In [0, 1]; 0 disables it.
   double cut_on_arrival = 0.0;
   // -1: never wait (Decoupled DiLoCo). k >= 0: after sending a delta of p on base b, run at most k
   // more inner steps, then wait until a version of p above b arrives (0 with merger.quorum equal

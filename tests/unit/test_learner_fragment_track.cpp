@@ -187,3 +187,45 @@ TEST_CASE("the cut schedule follows the fixed phase schedule unless a fragment i
   CHECK(cuts.next_due(2) == 31u);
   CHECK(cuts.due(26) == std::vector<uint32_t>{3});  // 12 + 12; fragment 0 follows at 27
 }
+
+TEST_CASE("rebase keeps the progress made since the last cut on top of the received version", "[learner]") {
+  FragmentTrack f(tensors(10, 10), 3);
+  for (int i = 0; i < 4; ++i) f.count_step(8);
+  f.cut(values(8, 12), DType::F32, 64);  // sent (2, -2) after 4 steps
+  for (int i = 0; i < 2; ++i) f.count_step(8);
+  // Two more steps moved the fragment to (7, 13): (-1, +1) since the cut. Version 4 arrives.
+  auto model = f.rebase(4, 99, tensors(9, 11), tensors(7, 13));
+  REQUIRE(model.size() == 1);
+  CHECK(model[0].values == std::vector<float>{8, 12});  // (9, 11) + (-1, 1)
+  CHECK(f.version() == 4);
+  CHECK(f.checksum() == 99);
+  CHECK(f.anchor()[0].values == std::vector<float>{9, 11});
+  CHECK(f.steps() == 2);  // the steps whose progress was kept
+  CHECK(f.tokens() == 16);
+  CHECK_FALSE(f.sent_on_base());
+  // The next delta carries that progress, measured from the new anchor.
+  f.count_step(8);
+  CHECK(sent(f.cut(values(8, 12), DType::F32, 64)) == std::vector<float>{1, -1});
+}
+
+TEST_CASE("rebase without a cut on the base keeps all progress since the base", "[learner]") {
+  FragmentTrack f(tensors(10, 10), 3);
+  for (int i = 0; i < 5; ++i) f.count_step(8);
+  auto model = f.rebase(4, 0, tensors(20, 0), tensors(9, 12));  // (-1, +2) since the base
+  CHECK(model[0].values == std::vector<float>{19, 2});
+  CHECK(f.steps() == 5);
+  CHECK(f.tokens() == 40);
+}
+
+TEST_CASE("rebase right after a cut is an overwrite", "[learner]") {
+  FragmentTrack f(tensors(10, 10), 3);
+  f.count_step(8);
+  f.cut(values(8, 12), DType::F32, 64);
+  f.expect_merge(1, 0);
+  CHECK(f.must_wait(1));
+  auto model = f.rebase(4, 0, tensors(9, 11), tensors(8, 12));
+  CHECK(model[0].values == std::vector<float>{9, 11});
+  CHECK(f.steps() == 0);
+  CHECK_FALSE(f.must_wait(1));
+  CHECK_THROWS_AS(f.rebase(5, 0, tensors(1, 1), {}), InvalidInput);
+}

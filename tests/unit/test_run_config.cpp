@@ -148,6 +148,15 @@ TEST_CASE("validation checks ranges and constraints between fields", "[config]")
   CHECK_THROWS_WITH(invalid("model.width=65"), Contains("model.width") && Contains("heads"));
   CHECK_THROWS_WITH(invalid("diloco.H=10"), Contains("diloco.H") && Contains("fragments"));
   CHECK_THROWS_WITH(invalid("diloco.blend_alpha=1.0"), Contains("blend_alpha"));
+  CHECK_THROWS_WITH(invalid("diloco.adopt=merge"), Contains("diloco.adopt") && Contains("rebase"));
+  {
+    RunConfig c;
+    apply_override(c, "diloco.adopt=rebase");
+    CHECK(c.diloco.adopt == "rebase");
+    CHECK_NOTHROW(validate_run_config(c));
+    apply_override(c, "diloco.blend_alpha=0.5");
+    CHECK_THROWS_WITH(validate_run_config(c), Contains("blend_alpha") && Contains("rebase"));
+  }
   CHECK_THROWS_WITH(invalid("train.batch=0"), Contains("train.batch"));
   CHECK_THROWS_WITH(invalid("train.warmup_steps=5000"), Contains("warmup_steps"));
   CHECK_THROWS_WITH(invalid("data.heldout_fraction=0"), Contains("heldout_fraction"));
