@@ -292,7 +292,8 @@ void MergerProcess::merge(uint32_t p) {
   MergePlan plan = f.merger->take_merge_inputs(now());
   MergeOptions options{.rule = merge_rule(o_.config), .optimizer = outer_optimizer(o_.config),
                        .hyper = outer_hyper(o_.config), .tensors = setup_.layout.fragments[p]};
-  if (o_.config.merger.share_scaling) options.share = round_share(plan.inputs, live_learners().size());
+  const bool share_scaling = o_.config.merger.share_scaling;
+  set_merge_share(options, plan.inputs, share_scaling ? live_learners().size() : 0, share_scaling);
   MergeRecord record = merge_step(f.state, plan.inputs, options, f.scratch);
   record.dropped = std::move(plan.dropped);
   record.merger_instance = o_.instance_id;
@@ -323,7 +324,8 @@ void MergerProcess::merge(uint32_t p) {
   for (const auto& d : record.dropped)
     dropped.push_back({{"learner", d.delta.learner_id}, {"seq", d.delta.seq}, {"reason", drop_reason_name(d.reason)}});
   log({{"event", "merge"}, {"fragment", p}, {"version", record.version}, {"inputs", inputs}, {"dropped", dropped},
-       {"checkpoint", checkpoint}, {"share", record.share}, {"sync_seconds", sync}, {"checksum", record.checksum}});
+       {"checkpoint", checkpoint}, {"share", record.share},
+       {"staleness_scale", record.staleness_scale}, {"sync_seconds", sync}, {"checksum", record.checksum}});
 }
 
 void MergerProcess::publish(uint32_t p) {
