@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <set>
 #include <string>
 #include <vector>
@@ -9,6 +10,7 @@
 #include "core/errors.h"
 #include "merger/aggregate.h"
 #include "merger/outer_optimizer.h"
+#include "merger/weighting.h"
 
 namespace diloco {
 
@@ -39,6 +41,13 @@ void copy_tensors(const std::vector<DenseTensor>& src, std::vector<DenseTensor>&
   }
 }
 
+std::vector<DeltaRef> input_refs(std::span<const MergeInput> inputs) {
+  std::vector<DeltaRef> refs;
+  refs.reserve(inputs.size());
+  for (const auto& in : inputs) refs.push_back(in.ref);
+  return refs;
+}
+
 }  // namespace
 
 float round_share(std::span<const MergeInput> inputs, size_t live) {
@@ -49,6 +58,23 @@ float round_share(std::span<const MergeInput> inputs, size_t live) {
   return static_cast<float>(static_cast<double>(merged) / static_cast<double>(std::max(merged, live)));
 }
 
+float scaled_share(float round, double scale) {
+  if (scale == 1.0) return round;
+  const float share = static_cast<float>(static_cast<double>(round) * scale);
+  return std::max(share, std::numeric_limits<float>::min());
+}
+
+double staleness_scale(std::span<const MergeInput> inputs, float staleness_alpha) {
+  return staleness_scale(input_refs(inputs), staleness_alpha);
+}
+
+void set_merge_share(MergeOptions& options, std::span<const MergeInput> inputs, size_t live,
+                     bool share_scaling) {
+  const double scale = staleness_scale(inputs, options.hyper.staleness_alpha);
+  options.share = scaled_share(share_scaling ? round_share(inputs, live) : 1.0f, scale);
+  options.staleness_scale = scaled_share(1.0f, scale);
+}
+
 void validate_outer_hyper(const OuterHyper& h) {
   if (!(std::isfinite(h.lr) && h.lr > 0))
     throw InvalidInput(detail::concat("outer lr ", h.lr, " is not a positive number"));
@@ -57,6 +83,16 @@ void validate_outer_hyper(const OuterHyper& h) {
   if (!(std::isfinite(h.staleness_alpha) && h.staleness_alpha >= 0))
     throw InvalidInput(detail::concat("staleness_alpha ", h.staleness_alpha, " is not >= 0"));
   if (h.quorum < 1) throw InvalidInput("quorum 0: a merge needs at least one learner");
+  if (h.dn_period < 1) throw InvalidInput("dn_period 0: delayed Nesterov folds every N >= 1 merges");
+  if (!(h.dn_activation >= 0 && h.dn_activation <= 1))
+    throw InvalidInput(detail::concat("dn_activation ", h.dn_activation, " is not in [0, 1]"));
+  if (!(std::isfinite(h.cgad_decay) && h.cgad_decay >= 0))
+    throw InvalidInput(detail::concat("cgad_decay ", h.cgad_decay, " is not >= 0"));
+  if (h.cgad_cutoff < 1) throw InvalidInput("cgad_cutoff 0: the cutoff age must be at least 1");
+  if (!(h.adam_beta2 >= 0 && h.adam_beta2 < 1))
+    throw InvalidInput(detail::concat("adam_beta2 ", h.adam_beta2, " is not in [0, 1)"));
+  if (!(std::isfinite(h.adam_epsilon) && h.adam_epsilon > 0))
+    throw InvalidInput(detail::concat("adam_epsilon ", h.adam_epsilon, " is not > 0"));
 }
 
 MergeRecord merge_step(const FragmentState& current, std::span<const MergeInput> inputs,
@@ -65,9 +101,15 @@ MergeRecord merge_step(const FragmentState& current, std::span<const MergeInput>
   validate_outer_hyper(options.hyper);
   if (!(options.share > 0.0f && options.share <= 1.0f))
     throw InvalidInput(detail::concat("merge share ", options.share, " is not in (0, 1]"));
+  if (!(options.staleness_scale > 0.0f && options.staleness_scale <= 1.0f))
+    throw InvalidInput(
+        detail::concat("staleness scale ", options.staleness_scale, " is not in (0, 1]"));
   const auto layout = options.tensors;
   check_tensors(current.params, layout, "state params");
   check_tensors(current.momentum, layout, "state momentum");
+  const bool keeps_state = has_outer_state(options.optimizer);
+  if (keeps_state && !current.outer_state.empty())
+    check_tensors(current.outer_state, layout, "state outer_state");
 
   std::vector<double> raw(inputs.size());
   for (size_t i = 0; i < inputs.size(); ++i) {
@@ -81,6 +123,12 @@ MergeRecord merge_step(const FragmentState& current, std::span<const MergeInput>
     raw[i] = ref.weight;
   }
   const std::vector<double> weights = normalised_weights(raw);
+  float scale = options.share;
+  if (options.optimizer == OuterOptimizerKind::Cgad) {
+    scale = static_cast<float>(static_cast<double>(options.share) *
+                               cgad_age_scale(input_refs(inputs), options.hyper.cgad_decay,
+                                              options.hyper.cgad_cutoff));
+  }
 
   next.run_id = current.run_id;
   next.fingerprint = current.fingerprint;
@@ -88,6 +136,12 @@ MergeRecord merge_step(const FragmentState& current, std::span<const MergeInput>
   next.version = current.version + 1;
   copy_tensors(current.params, next.params);
   copy_tensors(current.momentum, next.momentum);
+  if (!keeps_state)
+    next.outer_state.clear();
+  else if (current.outer_state.empty())
+    next.outer_state = initial_momentum(current.params);
+  else
+    copy_tensors(current.outer_state, next.outer_state);
   next.consumed = current.consumed;
   next.last_merge = current.last_merge;
   next.accounted = current.accounted;
@@ -100,8 +154,10 @@ MergeRecord merge_step(const FragmentState& current, std::span<const MergeInput>
     for (size_t i = 0; i < inputs.size(); ++i) deltas[i] = inputs[i].tensors[t].values;
     const std::span<float> out(update.data(), next.params[t].values.size());
     aggregate_tensor(tensor_rule(options.rule, layout[t].name), deltas, weights, out);
-    outer_step(options.optimizer, options.hyper.lr, options.hyper.momentum,
-               next.params[t].values, next.momentum[t].values, out, options.share);
+    const std::span<float> state =
+        keeps_state ? std::span<float>(next.outer_state[t].values) : std::span<float>();
+    outer_step(options.optimizer, options.hyper, next.version, next.params[t].values,
+               next.momentum[t].values, state, out, scale);
   }
   next.checksum = checksum_fp32(next.params);
 
@@ -118,6 +174,7 @@ MergeRecord merge_step(const FragmentState& current, std::span<const MergeInput>
   record.hyper = options.hyper;
   record.checksum = next.checksum;
   record.share = options.share;
+  record.staleness_scale = options.staleness_scale;
   return record;
 }
 

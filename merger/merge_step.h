@@ -32,23 +32,45 @@ struct MergeOptions {
   // alone; unscaled, a round then moves the fragment M outer steps (with the momentum of each)
   // instead of one, and the global model diverges. Scaled by 1/M, a round of singletons adds up
   // to one DiLoCo outer step in expectation, and a merge of all M learners is plain DiLoCo.
+  //
+  // The share also carries the inputs' staleness scale (weighting.h), so that alpha > 0 shrinks
+  // the update of a stale merge, not only the weight of its stale inputs against fresh ones.
   float share = 1.0f;
+  // The part of `share` that is the staleness scale; recorded (the step uses `share` only).
+  float staleness_scale = 1.0f;
 };
 
 // The share of a round a merge of these inputs applies while `live` learners are live: distinct
 // learners merged / live ones (merged ones count as live); 1 for no inputs.
 float round_share(std::span<const MergeInput> inputs, size_t live);
 
+// staleness_scale (weighting.h) of the inputs' refs.
+double staleness_scale(std::span<const MergeInput> inputs, float staleness_alpha);
+
+// Sets options.staleness_scale to the staleness scale of `inputs` (with
+// options.hyper.staleness_alpha; their staleness must be set) and options.share to
+// (share_scaling ? round_share(inputs, live) : 1) * that scale, in (0, 1].
+void set_merge_share(MergeOptions& options, std::span<const MergeInput> inputs, size_t live,
+                     bool share_scaling);
+
+// Combines a share of a round with a staleness scale: the product, rounded to fp32, never 0
+// (a scale that underflows leaves the smallest normal share). Exactly `round` when scale is 1.
+float scaled_share(float round, double scale);
+
 // Throws InvalidInput unless lr is finite and > 0, momentum in [0, 1), staleness_alpha finite
-// and >= 0, and quorum >= 1.
+// and >= 0, quorum >= 1, dn_period >= 1, dn_activation in [0, 1], cgad_decay finite and >= 0,
+// cgad_cutoff >= 1, adam_beta2 in [0, 1) and adam_epsilon finite and > 0.
 void validate_outer_hyper(const OuterHyper& hyper);
 
 // Writes version current.version + 1 of the fragment into `next` (which must not be `current`;
 // its buffers are reused, so a caller can alternate two states without allocating): run id,
-// fingerprint, fragment, version, params, momentum and checksum; consumed, last_merge and
+// fingerprint, fragment, version, params, momentum, outer_state and checksum. The outer_state
+// of an optimizer that keeps one starts from zeros when `current` has none (an older checkpoint,
+// or a run that switched optimizer) and is left empty otherwise. With Cgad the outer gradient
+// is also scaled by the inputs' age factor (weighting.h). consumed, last_merge and
 // accounted are copied from `current` for the caller to update. Returns the MergeRecord with fragment, run id,
-// fingerprint, version, prev_version, inputs (as given, raw weights), rule, optimizer, hyper and
-// checksum; the caller adds dropped deltas, merger instance, epoch and time.
+// fingerprint, version, prev_version, inputs (as given, raw weights), rule, optimizer, hyper,
+// share, staleness_scale and checksum; the caller adds dropped deltas, merger instance, epoch and time.
 //
 // Throws InvalidInput when the inputs do not fit: no inputs, weights that are negative, not
 // finite or sum to 0, a base version above current.version or a staleness other than

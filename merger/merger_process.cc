@@ -316,7 +316,8 @@ void MergerProcess::merge(uint32_t p, const std::vector<std::string>& live) {
 
   MergeOptions options{.rule = merge_rule(o_.config), .optimizer = outer_optimizer(o_.config),
                        .hyper = outer_hyper(o_.config), .tensors = setup_.layout.fragments[p]};
-  if (o_.config.merger.share_scaling) options.share = round_share(plan.inputs, live_learners().size());
+  const bool share_scaling = o_.config.merger.share_scaling;
+  set_merge_share(options, plan.inputs, share_scaling ? live_learners().size() : 0, share_scaling);
   MergeRecord record = merge_step(f.state, plan.inputs, options, f.scratch);
   record.dropped = std::move(plan.dropped);
   record.merger_instance = o_.instance_id;
@@ -351,7 +352,8 @@ void MergerProcess::merge(uint32_t p, const std::vector<std::string>& live) {
   for (const auto& d : record.dropped)
     dropped.push_back({{"learner", d.delta.learner_id}, {"seq", d.delta.seq}, {"reason", drop_reason_name(d.reason)}});
   log({{"event", "merge"}, {"fragment", p}, {"version", record.version}, {"inputs", inputs}, {"dropped", dropped},
-       {"checkpoint", checkpoint}, {"share", record.share}, {"sync_seconds", sync}, {"checksum", record.checksum},
+       {"checkpoint", checkpoint}, {"share", record.share}, {"staleness_scale", record.staleness_scale},
+       {"sync_seconds", sync}, {"checksum", record.checksum},
        {"quorum_seconds", timing.quorum_seconds}, {"grace_seconds", timing.grace_seconds},
        {"grace_window", f.merger->granted_grace()}, {"live_learners", live.size()},
        {"missed", timing.missed}});

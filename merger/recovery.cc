@@ -11,7 +11,11 @@ MergeRule merge_rule(const RunConfig& config) {
 }
 
 OuterOptimizerKind outer_optimizer(const RunConfig& config) {
-  return config.merger.optimizer == "sgd" ? OuterOptimizerKind::Sgd : OuterOptimizerKind::Nesterov;
+  const auto kind = parse_outer_optimizer(config.merger.optimizer);
+  if (!kind)
+    throw InvalidInput("merger.optimizer must be one of " + outer_optimizer_names() + ", not \"" +
+                       config.merger.optimizer + "\"");
+  return *kind;
 }
 
 OuterHyper outer_hyper(const RunConfig& config) {
@@ -21,7 +25,13 @@ OuterHyper outer_hyper(const RunConfig& config) {
                     .staleness_alpha = static_cast<float>(m.staleness_alpha),
                     .max_staleness = m.max_staleness < 0 ? std::numeric_limits<uint32_t>::max()
                                                          : static_cast<uint32_t>(m.max_staleness),
-                    .quorum = m.quorum};
+                    .quorum = m.quorum,
+                    .dn_period = m.dn_period,
+                    .dn_activation = static_cast<float>(m.dn_activation),
+                    .cgad_decay = static_cast<float>(m.cgad_decay),
+                    .cgad_cutoff = m.cgad_cutoff,
+                    .adam_beta2 = static_cast<float>(m.adam_beta2),
+                    .adam_epsilon = static_cast<float>(m.adam_epsilon)};
 }
 
 void account(std::map<std::string, uint64_t>& accounted, const MergeRecord& record) {
@@ -84,7 +94,8 @@ void apply_logged_merge(const LogContext& ctx, FragmentState& state, const Logge
   std::vector<MergeInput> inputs;
   for (size_t i = 0; i < r.inputs.size(); ++i) inputs.push_back(MergeInput{r.inputs[i], tensors[i]});
   MergeOptions options{.rule = r.rule, .optimizer = r.optimizer, .hyper = r.hyper,
-                       .tensors = ctx.setup->layout.fragments.at(state.fragment), .share = r.share};
+                       .tensors = ctx.setup->layout.fragments.at(state.fragment), .share = r.share,
+                       .staleness_scale = r.staleness_scale};
   FragmentState next;
   MergeRecord rebuilt = merge_step(state, inputs, options, next);
   if (rebuilt.checksum != r.checksum)

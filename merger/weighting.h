@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <limits>
+#include <span>
 
 #include "core/codec/messages.h"
 
@@ -22,6 +23,21 @@ double staleness_factor(uint64_t staleness, float staleness_alpha);
 // tokens * (tokens / inner_steps) * g(staleness), in double; 0 when inner_steps is 0.
 double delta_weight(uint64_t tokens, uint32_t inner_steps, uint64_t staleness,
                     float staleness_alpha);
+
+// The staleness scale of a merge: the mean of g(s_i) over its inputs, weighted by the alpha-free
+// weights tokens_i * (tokens_i / inner_steps_i). The weights above only shift a merge towards its
+// fresher inputs and are normalised per merge, so alone they leave a single-input merge as it
+// is; the merger also multiplies the merge's share (its update) by this scale. In (0, 1]; exactly
+// 1 when alpha is 0, and 1 when no input has a positive weight.
+double staleness_scale(std::span<const DeltaRef> inputs, float staleness_alpha);
+
+// CGAD's age factor (merger/outer_optimizer.h): exp(-decay * s) * (1 + cos(pi * s / cutoff)) / 2
+// below the cutoff age, 0 at and beyond it; 1 at s = 0.
+double cgad_age_factor(uint64_t staleness, float decay, uint32_t cutoff);
+
+// The age factor of a merge: cgad_age_factor over its inputs, averaged with the weights of
+// staleness_scale. In [0, 1].
+double cgad_age_scale(std::span<const DeltaRef> inputs, float decay, uint32_t cutoff);
 
 // Whether a delta this stale must be dropped (TooStale) under `max_staleness`.
 bool too_stale(uint64_t staleness, uint32_t max_staleness);

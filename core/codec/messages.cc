@@ -192,6 +192,7 @@ std::vector<uint8_t> encode_fragment_state(const FragmentState& msg, int zstd_le
   auto& fbb = builder();
   const auto params = add_dense(fbb, msg.params, kStateCodec);
   const auto momentum = add_dense(fbb, msg.momentum, kStateCodec);
+  const auto outer_state = add_dense(fbb, msg.outer_state, kStateCodec);
   std::vector<flatbuffers::Offset<wire::LogPosition>> consumed;
   consumed.reserve(msg.consumed.size());
   for (const auto& p : msg.consumed) consumed.push_back(add_position(fbb, p));
@@ -207,7 +208,7 @@ std::vector<uint8_t> encode_fragment_state(const FragmentState& msg, int zstd_le
   const auto root =
       wire::CreateFragmentState(fbb, kSchemaVersion, run_id, msg.fingerprint, msg.fragment,
                                 msg.version, params, momentum, consumed_vector, last_merge,
-                                checksum, accounted_vector);
+                                checksum, accounted_vector, outer_state);
   wire::FinishFragmentStateBuffer(fbb, root);
   return compress_finished(fbb, zstd_level);
 }
@@ -239,6 +240,9 @@ FragmentState decode_fragment_state(std::span<const uint8_t> bytes, const Decode
   // No momentum (an optimizer without one) is an empty list; otherwise it mirrors params.
   if (m.momentum() && m.momentum()->size() != 0)
     decode_tensors(m.momentum(), specs, kStateCodec, "momentum", out.momentum);
+  // Absent in states of Nesterov and Sgd and in older checkpoints; otherwise it mirrors params.
+  if (m.outer_state() && m.outer_state()->size() != 0)
+    decode_tensors(m.outer_state(), specs, kStateCodec, "outer_state", out.outer_state);
   check_checksum(out.checksum, out.params, "FragmentState");
   return out;
 }

@@ -9,6 +9,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "core/codec/quantize.h"
@@ -108,8 +109,17 @@ FragmentParams decode_fragment_params(std::span<const uint8_t> bytes, const Deco
 // ---- MergeRecord ----------------------------------------------------------------------------
 enum class DropReason : uint8_t { None = 0, Superseded = 1, TooStale = 2, Invalid = 3, PendingAtStop = 4 };
 enum class MergeRule : uint8_t { RadialDirectional = 0, WeightedAverage = 1 };
-enum class OuterOptimizerKind : uint8_t { Nesterov = 0, Sgd = 1 };
+// The merger's outer optimizer (merger/outer_optimizer.h); DelayedNesterov and Cgad keep a second
+// state buffer (FragmentState::outer_state).
+enum class OuterOptimizerKind : uint8_t { Nesterov = 0, Sgd = 1, DelayedNesterov = 2, Cgad = 3 };
 const char* drop_reason_name(DropReason);
+// "nesterov" | "sgd" | "dn" | "cgad": the names merger.optimizer and remerge --optimizer take.
+const char* outer_optimizer_name(OuterOptimizerKind);
+std::optional<OuterOptimizerKind> parse_outer_optimizer(std::string_view name);
+// The valid names, comma separated, for error messages.
+std::string outer_optimizer_names();
+// Whether the optimizer keeps FragmentState::outer_state.
+bool has_outer_state(OuterOptimizerKind);
 
 struct DeltaRef {
   LogPosition position;
@@ -134,6 +144,16 @@ struct OuterHyper {
   float staleness_alpha = 0.0f;
   uint32_t max_staleness = 0;
   uint32_t quorum = 1;
+  // Delayed Nesterov: the momentum is folded every dn_period-th version, dn_activation (c) of it
+  // applied in between.
+  uint32_t dn_period = 2;
+  float dn_activation = 0.0f;
+  // CGAD: age factor exp(-cgad_decay * s) with a cosine gate reaching 0 at staleness
+  // cgad_cutoff; then Adam with beta1 = momentum, beta2 = adam_beta2, epsilon adam_epsilon.
+  float cgad_decay = 0.1f;
+  uint32_t cgad_cutoff = 16;
+  float adam_beta2 = 0.99f;
+  float adam_epsilon = 1e-8f;
 };
 
 struct MergeRecord {
@@ -152,6 +172,8 @@ struct MergeRecord {
   uint64_t epoch = 0;
   int64_t merge_time_us = 0;
   float share = 1.0f;  // in (0, 1]: the outer update was scaled by it (see merge_step.h)
+  // In (0, 1]: the part of `share` that is the inputs' staleness scale (weighting.h).
+  float staleness_scale = 1.0f;
 };
 
 std::vector<uint8_t> encode_merge_record(const MergeRecord& msg, int zstd_level = 3);
@@ -165,6 +187,9 @@ struct FragmentState {
   uint64_t version = 0;
   std::vector<DenseTensor> params;
   std::vector<DenseTensor> momentum;
+  // The optimizer's second buffer, same layout as params (Delayed Nesterov: the gradients
+  // accumulated since the last fold; CGAD: Adam's second moment); empty for Nesterov and Sgd.
+  std::vector<DenseTensor> outer_state;
   std::vector<LogPosition> consumed;
   std::optional<LogPosition> last_merge;
   uint64_t checksum = 0;  // checksum_fp32 of params; filled in by the encoder when 0

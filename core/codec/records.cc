@@ -3,6 +3,7 @@
 // given, and that weights and hyper-parameters are finite); enum values outside the schema are
 // BadFlatbuffer, like any other buffer the schema cannot describe.
 #include <cmath>
+#include <utility>
 
 #include "core/codec/messages.h"
 #include "core/codec/tensor_wire.h"
@@ -67,6 +68,36 @@ const char* drop_reason_name(DropReason r) {
   return "unknown";
 }
 
+namespace {
+constexpr std::pair<OuterOptimizerKind, const char*> kOuterOptimizers[] = {
+    {OuterOptimizerKind::Nesterov, "nesterov"},
+    {OuterOptimizerKind::Sgd, "sgd"},
+    {OuterOptimizerKind::DelayedNesterov, "dn"},
+    {OuterOptimizerKind::Cgad, "cgad"}};
+}  // namespace
+
+const char* outer_optimizer_name(OuterOptimizerKind kind) {
+  for (const auto& [k, name] : kOuterOptimizers)
+    if (k == kind) return name;
+  return "unknown";
+}
+
+std::optional<OuterOptimizerKind> parse_outer_optimizer(std::string_view name) {
+  for (const auto& [k, n] : kOuterOptimizers)
+    if (name == n) return k;
+  return std::nullopt;
+}
+
+std::string outer_optimizer_names() {
+  std::string out;
+  for (const auto& [k, name] : kOuterOptimizers) out += (out.empty() ? "" : ", ") + std::string(name);
+  return out;
+}
+
+bool has_outer_state(OuterOptimizerKind kind) {
+  return kind == OuterOptimizerKind::DelayedNesterov || kind == OuterOptimizerKind::Cgad;
+}
+
 const char* role_name(Role r) {
   switch (r) {
     case Role::Learner: return "learner";
@@ -95,14 +126,16 @@ std::vector<uint8_t> encode_merge_record(const MergeRecord& msg, int zstd_level)
   const auto dropped_vector = fbb.CreateVector(dropped);
   const auto& h = msg.hyper;
   const auto hyper = wire::CreateOuterHyper(fbb, h.lr, h.momentum, h.staleness_alpha,
-                                            h.max_staleness, h.quorum);
+                                            h.max_staleness, h.quorum, h.dn_period,
+                                            h.dn_activation, h.cgad_decay, h.cgad_cutoff,
+                                            h.adam_beta2, h.adam_epsilon);
   const auto run_id = fbb.CreateString(msg.run_id);
   const auto merger = fbb.CreateString(msg.merger_instance);
   const auto root = wire::CreateMergeRecord(
       fbb, kSchemaVersion, run_id, msg.fingerprint, msg.fragment, msg.version, msg.prev_version,
       inputs_vector, dropped_vector, static_cast<wire::MergeRule>(msg.rule),
       static_cast<wire::OuterOptimizer>(msg.optimizer), hyper, msg.checksum, merger, msg.epoch,
-      msg.merge_time_us, msg.share);
+      msg.merge_time_us, msg.share, msg.staleness_scale);
   wire::FinishMergeRecordBuffer(fbb, root);
   return compress_finished(fbb, zstd_level);
 }
@@ -133,21 +166,38 @@ MergeRecord decode_merge_record(std::span<const uint8_t> bytes, const DecodeLimi
     }
   out.rule = checked_enum(static_cast<uint8_t>(m.rule()), MergeRule::WeightedAverage, "rule");
   out.optimizer =
-      checked_enum(static_cast<uint8_t>(m.optimizer()), OuterOptimizerKind::Sgd, "optimizer");
+      checked_enum(static_cast<uint8_t>(m.optimizer()), OuterOptimizerKind::Cgad, "optimizer");
   const auto* h = m.hyper();
   if (!h) reject(RejectReason::MissingField, "hyper is missing");
-  out.hyper = {h->lr(), h->momentum(), h->staleness_alpha(), h->max_staleness(), h->quorum()};
-  check_finite(out.hyper.lr, "hyper.lr");
-  check_finite(out.hyper.momentum, "hyper.momentum");
-  check_finite(out.hyper.staleness_alpha, "hyper.staleness_alpha");
+  out.hyper = {.lr = h->lr(),
+               .momentum = h->momentum(),
+               .staleness_alpha = h->staleness_alpha(),
+               .max_staleness = h->max_staleness(),
+               .quorum = h->quorum(),
+               .dn_period = h->dn_period(),
+               .dn_activation = h->dn_activation(),
+               .cgad_decay = h->cgad_decay(),
+               .cgad_cutoff = h->cgad_cutoff(),
+               .adam_beta2 = h->adam_beta2(),
+               .adam_epsilon = h->adam_epsilon()};
+  for (const auto& [value, field] :
+       {std::pair{out.hyper.lr, "hyper.lr"}, {out.hyper.momentum, "hyper.momentum"},
+        {out.hyper.staleness_alpha, "hyper.staleness_alpha"},
+        {out.hyper.dn_activation, "hyper.dn_activation"}, {out.hyper.cgad_decay, "hyper.cgad_decay"},
+        {out.hyper.adam_beta2, "hyper.adam_beta2"}, {out.hyper.adam_epsilon, "hyper.adam_epsilon"}})
+    check_finite(value, field);
   out.checksum = m.checksum();
   out.merger_instance = required(m.merger_instance(), "merger_instance");
   out.epoch = m.epoch();
   out.merge_time_us = m.merge_time_us();
   out.share = m.share();
-  check_finite(out.share, "share");
-  if (!(out.share > 0.0f && out.share <= 1.0f))
-    reject(RejectReason::BadCounter, detail::concat("share ", out.share, " is not in (0, 1]"));
+  out.staleness_scale = m.staleness_scale();
+  for (const auto& [value, field] :
+       {std::pair{out.share, "share"}, {out.staleness_scale, "staleness_scale"}}) {
+    check_finite(value, field);
+    if (!(value > 0.0f && value <= 1.0f))
+      reject(RejectReason::BadCounter, detail::concat(field, " ", value, " is not in (0, 1]"));
+  }
   return out;
 }
 

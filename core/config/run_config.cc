@@ -1,7 +1,10 @@
 #include "core/config/run_config.h"
 
+#include "core/codec/messages.h"
+
 #include <toml++/toml.h>
 
+#include <cmath>
 #include <fstream>
 #include <limits>
 #include <sstream>
@@ -220,6 +223,12 @@ void parse_merger(const Section& s, RunConfig& c) {
     else if (key == "share_scaling") read(f, m.share_scaling);
     else if (key == "rule") read(f, m.rule);
     else if (key == "optimizer") read(f, m.optimizer);
+    else if (key == "dn_period") read(f, m.dn_period);
+    else if (key == "dn_activation") read(f, m.dn_activation);
+    else if (key == "cgad_decay") read(f, m.cgad_decay);
+    else if (key == "cgad_cutoff") read(f, m.cgad_cutoff);
+    else if (key == "adam_beta2") read(f, m.adam_beta2);
+    else if (key == "adam_epsilon") read(f, m.adam_epsilon);
     else if (key == "checkpoint_every") read(f, m.checkpoint_every);
     else if (key == "liveness_seconds") read(f, m.liveness_seconds);
     else if (key == "republish_seconds") read(f, m.republish_seconds);
@@ -402,8 +411,14 @@ void validate_run_config(const RunConfig& c) {
   check(m.outer_lr > 0, c, "merger.outer_lr must be positive");
   check(m.outer_momentum >= 0 && m.outer_momentum < 1, c, "merger.outer_momentum must be in [0, 1)");
   check(m.rule == "rda" || m.rule == "avg", c, "merger.rule must be \"rda\" or \"avg\", not \"" + m.rule + "\"");
-  check(m.optimizer == "nesterov" || m.optimizer == "sgd", c,
-        "merger.optimizer must be \"nesterov\" or \"sgd\", not \"" + m.optimizer + "\"");
+  check(parse_outer_optimizer(m.optimizer).has_value(), c,
+        "merger.optimizer must be one of " + outer_optimizer_names() + ", not \"" + m.optimizer + "\"");
+  check(m.dn_period >= 1, c, "merger.dn_period must be at least 1");
+  check(m.dn_activation >= 0 && m.dn_activation <= 1, c, "merger.dn_activation must be in [0, 1]");
+  check(m.cgad_decay >= 0 && std::isfinite(m.cgad_decay), c, "merger.cgad_decay must not be negative");
+  check(m.cgad_cutoff >= 1, c, "merger.cgad_cutoff must be at least 1");
+  check(m.adam_beta2 >= 0 && m.adam_beta2 < 1, c, "merger.adam_beta2 must be in [0, 1)");
+  check(m.adam_epsilon > 0 && std::isfinite(m.adam_epsilon), c, "merger.adam_epsilon must be positive");
   check(m.checkpoint_every >= 1, c, "merger.checkpoint_every must be at least 1");
   check(m.liveness_seconds > 0, c, "merger.liveness_seconds must be positive");
   check(m.republish_seconds > 0, c, "merger.republish_seconds must be positive");

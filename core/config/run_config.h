@@ -103,7 +103,17 @@ struct MergerConfig {
   // so that a round of single-learner merges (quorum 1) adds up to one outer step.
   bool share_scaling = true;
   std::string rule = "rda";          // rda (radial-directional) | avg (weighted average)
-  std::string optimizer = "nesterov";  // nesterov | sgd
+  std::string optimizer = "nesterov";  // nesterov | sgd | dn | cgad (merger/outer_optimizer.h)
+  // dn (Delayed Nesterov): fold the momentum every dn_period merges (N; by version), applying
+  // dn_activation (c) of it in between; outer_lr is the per-merge lr.
+  uint32_t dn_period = 2;
+  double dn_activation = 0;
+  // cgad: scale each merge by exp(-cgad_decay * staleness), gated by a cosine down to 0 at
+  // staleness cgad_cutoff, then Adam (beta1 outer_momentum, beta2 adam_beta2, adam_epsilon).
+  double cgad_decay = 0.1;
+  uint32_t cgad_cutoff = 16;
+  double adam_beta2 = 0.99;
+  double adam_epsilon = 1e-8;
   uint32_t checkpoint_every = 10;    // write a FragmentState every this many versions
   double liveness_seconds = 15;      // a learner is live if it sent a heartbeat this recently
   double republish_seconds = 5;      // re-broadcast the latest version of every owned fragment

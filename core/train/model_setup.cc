@@ -38,6 +38,8 @@ FragmentState genesis_state(const RunConfig& config, const ModelSetup& setup, ui
   state.params = fragment_tensors(setup.model, setup.layout, p);
   state.momentum = state.params;
   for (auto& t : state.momentum) std::fill(t.values.begin(), t.values.end(), 0.0f);
+  const auto optimizer = parse_outer_optimizer(config.merger.optimizer);
+  if (optimizer && has_outer_state(*optimizer)) state.outer_state = state.momentum;
   state.checksum = checksum_fp32(state.params);
   return state;
 }

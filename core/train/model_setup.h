@@ -28,7 +28,8 @@ std::vector<DenseTensor> fragment_tensors(const Transformer& model, const Fragme
 void load_fragment(Transformer& model, const FragmentLayout& layout, uint32_t p,
                    const std::vector<DenseTensor>& tensors);
 
-// Version 0 of fragment p: the seeded parameters, zero outer momentum, no consumed offsets.
+// Version 0 of fragment p: the seeded parameters, zero outer momentum (and a zero outer_state
+// when merger.optimizer keeps one), no consumed offsets.
 FragmentState genesis_state(const RunConfig& config, const ModelSetup& setup, uint32_t p);
 
 // Mean held-out loss (nats/char) over `batches` batches; the stream is rewound first, so every

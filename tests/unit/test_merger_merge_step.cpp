@@ -11,6 +11,7 @@
 #include "core/errors.h"
 #include "merger/merge_step.h"
 #include "merger/outer_optimizer.h"
+#include "merger/weighting.h"
 
 using namespace diloco;
 
@@ -375,4 +376,124 @@ TEST_CASE("a genesis state with zero momentum merges", "[merger]") {
       CHECK(next.params[t].values[k] ==
             Approx(state.params[t].values[k] - 0.7 * 1.9 * d).epsilon(1e-6).margin(1e-7));
     }
+}
+
+namespace {
+
+// A one-input Sgd merge (lr 1, weighted average) of a delta of staleness 3 onto version 5.
+struct StaleMerge {
+  FragmentState current, next;
+  TestDelta delta;
+  MergeRecord record;
+  StaleMerge(float alpha, bool share_scaling, size_t live) {
+    std::mt19937 rng(31);
+    current = genesis(rng);
+    delta = make_delta(rng, "a", 1, 2, 5, 1000);
+    MergeOptions o = options(MergeRule::WeightedAverage, OuterOptimizerKind::Sgd);
+    o.hyper.lr = 1.0f;
+    o.hyper.staleness_alpha = alpha;
+    const std::vector<MergeInput> inputs{{delta.ref, delta.tensors}};
+    set_merge_share(o, inputs, live, share_scaling);
+    record = merge_step(current, inputs, o, next);
+  }
+  double applied(size_t t, size_t k) const { return current.params[t].values[k] - next.params[t].values[k]; }
+};
+
+}  // namespace
+
+TEST_CASE("the staleness scale shrinks a single-input merge's update by g(s)", "[merger]") {
+  const StaleMerge plain(0.0f, false, 1), discounted(0.5f, false, 1);
+  // Alpha 0 applies the whole update; alpha 0.5 at staleness 3 applies g(3) = 4^-0.5 = 0.5 of it.
+  CHECK(plain.record.share == 1.0f);
+  CHECK(plain.record.staleness_scale == 1.0f);
+  CHECK(discounted.record.share == 0.5f);
+  CHECK(discounted.record.staleness_scale == 0.5f);
+  CHECK_FALSE(same_bits(plain.next.params, discounted.next.params));
+  for (size_t t = 0; t < kLayout.size(); ++t)
+    for (size_t k = 0; k < plain.current.params[t].values.size(); ++k) {
+      if (plain.applied(t, k) == 0) continue;
+      CHECK(discounted.applied(t, k) / plain.applied(t, k) == Approx(staleness_factor(3, 0.5f)).epsilon(1e-5));
+    }
+  // With share scaling the round's share multiplies in: 1 learner of 2 live, times 0.5.
+  const StaleMerge both(0.5f, true, 2);
+  CHECK(both.record.share == 0.25f);
+  CHECK(both.record.staleness_scale == 0.5f);
+}
+
+TEST_CASE("scaled_share keeps the round share exact at scale 1 and never returns 0", "[merger]") {
+  CHECK(scaled_share(1.0f / 3, 1.0) == 1.0f / 3);
+  CHECK(scaled_share(0.5f, 0.5) == 0.25f);
+  CHECK(scaled_share(1.0f, 0.0) > 0.0f);
+}
+
+TEST_CASE("merge_step keeps the outer_state only for the optimizers that use it", "[merger]") {
+  std::mt19937 rng(32);
+  const FragmentState current = genesis(rng);  // no outer_state, as an older checkpoint
+  std::vector<TestDelta> deltas{make_delta(rng, "a", 1, 5, 5, 1), make_delta(rng, "b", 2, 4, 5, 2)};
+  // The same deltas merged onto `state`: their staleness follows its version.
+  auto onto = [&](const FragmentState& state) {
+    for (auto& d : deltas) d.ref.staleness = state.version - d.ref.base_version;
+    return inputs_of(deltas);
+  };
+  FragmentState dn, back;
+  MergeOptions o = options(MergeRule::RadialDirectional, OuterOptimizerKind::DelayedNesterov);
+  o.hyper.dn_period = 3;
+  merge_step(current, onto(current), o, dn);
+  // Version 6 is a fold for N 3: the accumulator was added to the momentum and reset to zeros.
+  REQUIRE(dn.outer_state.size() == kLayout.size());
+  CHECK(same_bits(dn.outer_state, initial_momentum(current.params)));
+  CHECK_FALSE(same_bits(dn.momentum, current.momentum));
+  FragmentState between;
+  merge_step(dn, onto(dn), o, between);  // version 7: accumulates
+  CHECK_FALSE(same_bits(between.outer_state, dn.outer_state));
+  CHECK(same_bits(between.momentum, dn.momentum));
+  // Switching to Nesterov drops it; a wrongly shaped one is refused.
+  merge_step(between, onto(between), options(), back);
+  CHECK(back.outer_state.empty());
+  FragmentState bad = between;
+  bad.outer_state.pop_back();
+  CHECK_THROWS_AS(merge_step(bad, onto(bad), o, back), InvalidInput);
+}
+
+TEST_CASE("CGAD scales a merge by its inputs' age factor before the Adam step", "[merger]") {
+  std::mt19937 rng(33);
+  FragmentState current = genesis(rng);
+  current.momentum = initial_momentum(current.params);
+  MergeOptions o = options(MergeRule::WeightedAverage, OuterOptimizerKind::Cgad);
+  o.hyper.lr = 0.01f;
+  o.hyper.cgad_cutoff = 4;
+  // Past the cutoff age the update is 0: from zero moments nothing moves.
+  const std::vector<TestDelta> old{make_delta(rng, "a", 1, 1, 5, 1)};
+  FragmentState next;
+  merge_step(current, inputs_of(old), o, next);
+  CHECK(same_bits(next.params, current.params));
+  CHECK(next.outer_state.size() == kLayout.size());
+  // A fresh input: first moment (1 - b1) * d, second (1 - b2) * d^2.
+  const std::vector<TestDelta> fresh{make_delta(rng, "a", 2, 5, 5, 1)};
+  merge_step(current, inputs_of(fresh), o, next);
+  for (size_t k = 0; k < next.params[1].values.size(); ++k) {
+    const double d = fresh[0].tensors[1].values[k];
+    CHECK(next.momentum[1].values[k] == Approx((1 - 0.9) * d).epsilon(1e-5));
+    CHECK(next.outer_state[1].values[k] == Approx((1 - 0.99) * d * d).epsilon(1e-4));
+  }
+  // Staleness 2 of 4: exp(-0.2) * (1 + cos(pi / 2)) / 2 = exp(-0.2) / 2 of the update.
+  const std::vector<TestDelta> aged{make_delta(rng, "a", 3, 3, 5, 1)};
+  merge_step(current, inputs_of(aged), o, next);
+  const double factor = std::exp(-0.1 * 2) * 0.5;
+  for (size_t k = 0; k < next.momentum[1].values.size(); ++k)
+    CHECK(next.momentum[1].values[k] == Approx((1 - 0.9) * factor * aged[0].tensors[1].values[k]).epsilon(1e-5));
+}
+
+TEST_CASE("merge_step refuses invalid delayed Nesterov and CGAD settings", "[merger]") {
+  std::mt19937 rng(34);
+  const FragmentState current = genesis(rng);
+  const std::vector<TestDelta> deltas{make_delta(rng, "a", 1, 5, 5, 1)};
+  for (auto bad : {+[](OuterHyper& h) { h.dn_period = 0; }, +[](OuterHyper& h) { h.dn_activation = 1.5f; },
+                   +[](OuterHyper& h) { h.cgad_decay = -1; }, +[](OuterHyper& h) { h.cgad_cutoff = 0; },
+                   +[](OuterHyper& h) { h.adam_beta2 = 1; }, +[](OuterHyper& h) { h.adam_epsilon = 0; }}) {
+    MergeOptions o = options();
+    bad(o.hyper);
+    FragmentState next;
+    CHECK_THROWS_AS(merge_step(current, inputs_of(deltas), o, next), InvalidInput);
+  }
 }

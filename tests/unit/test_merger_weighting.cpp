@@ -1,6 +1,9 @@
 // Weight of a delta: tokens * (tokens / steps) * (1 + staleness)^(-alpha), and the staleness limit.
 #include <catch2/catch.hpp>
 
+#include <cmath>
+#include <vector>
+
 #include "core/errors.h"
 #include "merger/weighting.h"
 
@@ -62,4 +65,36 @@ TEST_CASE("weigh fills staleness and weight for a version", "[merger]") {
   CHECK(ref.staleness == 0);
   CHECK(ref.weight == 1000.0);
   CHECK_THROWS_AS(weigh(ref, 6, hyper), InternalError);
+}
+
+namespace {
+DeltaRef ref_of(uint64_t tokens, uint32_t steps, uint64_t staleness) {
+  DeltaRef r;
+  r.tokens = tokens;
+  r.inner_steps = steps;
+  r.staleness = staleness;
+  return r;
+}
+}  // namespace
+
+TEST_CASE("staleness scale: the token-weighted mean of g(s) over a merge's inputs", "[merger]") {
+  // Weights 100*10 = 1000 (fresh) and 200*20 = 4000 (staleness 3, g = 0.5 with alpha 0.5).
+  const std::vector<DeltaRef> refs{ref_of(100, 10, 0), ref_of(200, 10, 3)};
+  CHECK(staleness_scale(refs, 0.5f) == Approx((1000 * 1.0 + 4000 * 0.5) / 5000));
+  CHECK(staleness_scale(refs, 0.0f) == 1.0);
+  CHECK(staleness_scale(std::vector<DeltaRef>{ref_of(100, 10, 3)}, 0.5f) == 0.5);
+  CHECK(staleness_scale(std::vector<DeltaRef>{ref_of(100, 10, 0)}, 2.0f) == 1.0);
+  CHECK(staleness_scale(std::vector<DeltaRef>{ref_of(100, 0, 3)}, 0.5f) == 1.0);  // no weight
+  CHECK(staleness_scale({}, 0.5f) == 1.0);
+}
+
+TEST_CASE("CGAD age factor: exponential decay under a cosine gate that closes at the cutoff", "[merger]") {
+  CHECK(cgad_age_factor(0, 0.1f, 8) == 1.0);
+  CHECK(cgad_age_factor(4, 0.1f, 8) == Approx(std::exp(-0.4) * 0.5));
+  CHECK(cgad_age_factor(2, 0.0f, 8) == Approx(0.5 * (1 + std::cos(M_PI / 4))));
+  CHECK(cgad_age_factor(8, 0.1f, 8) == 0.0);
+  CHECK(cgad_age_factor(100, 0.1f, 8) == 0.0);
+  for (uint64_t s = 0; s + 1 < 8; ++s) CHECK(cgad_age_factor(s + 1, 0.1f, 8) < cgad_age_factor(s, 0.1f, 8));
+  const std::vector<DeltaRef> refs{ref_of(100, 10, 0), ref_of(100, 10, 8)};
+  CHECK(cgad_age_scale(refs, 0.1f, 8) == 0.5);
 }

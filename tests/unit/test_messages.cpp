@@ -381,22 +381,55 @@ TEST_CASE("FragmentState round trip", "[codec][messages]") {
   CHECK(got.accounted == msg.accounted);
   CHECK(got.last_merge == msg.last_merge);
 
+  CHECK(got.outer_state.empty());  // Nesterov and Sgd keep none
+
   SECTION("without momentum") {
     msg.momentum.clear();
     const auto no_momentum = decode_fragment_state(encode_fragment_state(msg), limits_for(layout));
     CHECK(no_momentum.momentum.empty());
     CHECK(no_momentum.params[0].values == msg.params[0].values);
   }
+
+  SECTION("with an outer_state") {
+    msg.outer_state = dense_fragment(layout, 1, 33);
+    const auto with_state = decode_fragment_state(encode_fragment_state(msg), limits_for(layout));
+    REQUIRE(with_state.outer_state.size() == 1);
+    CHECK(with_state.outer_state[0].values == msg.outer_state[0].values);
+    CHECK(with_state.outer_state[0].shape == msg.outer_state[0].shape);
+    CHECK(with_state.momentum[0].values == msg.momentum[0].values);
+  }
 }
 
-TEST_CASE("MergeRecord round trip", "[codec][messages]") {
-  const auto layout = make_layout();
+namespace {
+void check_same_hyper(const OuterHyper& got, const OuterHyper& want) {
+  CHECK(got.lr == want.lr);
+  CHECK(got.momentum == want.momentum);
+  CHECK(got.staleness_alpha == want.staleness_alpha);
+  CHECK(got.max_staleness == want.max_staleness);
+  CHECK(got.quorum == want.quorum);
+  CHECK(got.dn_period == want.dn_period);
+  CHECK(got.dn_activation == want.dn_activation);
+  CHECK(got.cgad_decay == want.cgad_decay);
+  CHECK(got.cgad_cutoff == want.cgad_cutoff);
+  CHECK(got.adam_beta2 == want.adam_beta2);
+  CHECK(got.adam_epsilon == want.adam_epsilon);
+}
+
+// A record of fragment 1 of run-1 making `version`.
+MergeRecord merge_record_of(const FragmentLayout& layout, uint64_t version) {
   MergeRecord msg;
   msg.run_id = "run-1";
   msg.fingerprint = layout.fingerprint;
   msg.fragment = 1;
-  msg.version = 10;
-  msg.prev_version = 9;
+  msg.version = version;
+  msg.prev_version = version - 1;
+  return msg;
+}
+}  // namespace
+
+TEST_CASE("MergeRecord round trip", "[codec][messages]") {
+  const auto layout = make_layout();
+  MergeRecord msg = merge_record_of(layout, 10);
   msg.inputs = {delta_ref("deltas.eu", 2, 100, "learner-1", 4, 8, 1, 50, 409600, 0.75),
                 delta_ref("deltas.us", 0, 7, "learner-2", 9, 9, 0, 40, 327680, 0.25)};
   msg.dropped = {
@@ -442,16 +475,39 @@ TEST_CASE("MergeRecord round trip", "[codec][messages]") {
   }
   CHECK(got.rule == msg.rule);
   CHECK(got.optimizer == msg.optimizer);
-  CHECK(got.hyper.lr == msg.hyper.lr);
-  CHECK(got.hyper.momentum == msg.hyper.momentum);
-  CHECK(got.hyper.staleness_alpha == msg.hyper.staleness_alpha);
-  CHECK(got.hyper.max_staleness == msg.hyper.max_staleness);
-  CHECK(got.hyper.quorum == msg.hyper.quorum);
+  // The fields newer than the first records hold their defaults here, which FlatBuffers does not
+  // write: they decode from the schema's defaults, as an older record's do, and must match.
+  check_same_hyper(got.hyper, msg.hyper);
+  CHECK(got.staleness_scale == 1.0f);
   CHECK(got.checksum == msg.checksum);
   CHECK(got.merger_instance == msg.merger_instance);
   CHECK(got.epoch == msg.epoch);
   CHECK(got.merge_time_us == msg.merge_time_us);
   CHECK(std::string(drop_reason_name(DropReason::TooStale)) == "too_stale");
+}
+
+TEST_CASE("MergeRecord round trip of the outer optimizers' settings and the staleness scale", "[codec][messages]") {
+  const auto layout = make_layout();
+  MergeRecord msg = merge_record_of(layout, 4);
+  msg.inputs = {delta_ref("deltas.eu", 2, 100, "learner-1", 4, 1, 2, 50, 409600, 0.75)};
+  msg.merger_instance = "merger-a";
+  msg.hyper = {.lr = 0.3f, .momentum = 0.5f, .staleness_alpha = 0.5f, .max_staleness = 8, .quorum = 1,
+               .dn_period = 32, .dn_activation = 0.125f, .cgad_decay = 0.25f, .cgad_cutoff = 7,
+               .adam_beta2 = 0.95f, .adam_epsilon = 1e-6f};
+  msg.share = 0.25f;
+  msg.staleness_scale = 0.5f;
+  for (auto kind : {OuterOptimizerKind::DelayedNesterov, OuterOptimizerKind::Cgad}) {
+    msg.optimizer = kind;
+    const MergeRecord got = decode_merge_record(encode_merge_record(msg), limits_for(layout));
+    CHECK(got.optimizer == kind);
+    CHECK(got.share == 0.25f);
+    CHECK(got.staleness_scale == 0.5f);
+    check_same_hyper(got.hyper, msg.hyper);
+  }
+  for (float bad : {0.0f, 1.5f, std::numeric_limits<float>::quiet_NaN()}) {
+    msg.staleness_scale = bad;
+    CHECK_THROWS_AS(decode_merge_record(encode_merge_record(msg), limits_for(layout)), Rejection);
+  }
 }
 
 TEST_CASE("Member round trip", "[codec][messages]") {

@@ -257,6 +257,47 @@ TEST_CASE("the merger section: paper defaults, overrides and range checks", "[co
   CHECK_THROWS_WITH(parse_run_config("[merger]\nquorom = 2\n", "m.toml"), Catch::Contains("merger.quorom"));
 }
 
+TEST_CASE("the merger's outer optimizers: names, their settings and their checks", "[config]") {
+  RunConfig c = parse_run_config("", "empty");
+  CHECK(c.merger.optimizer == "nesterov");
+  CHECK(c.merger.dn_period == 2);
+  CHECK(c.merger.dn_activation == 0);
+  CHECK(c.merger.cgad_decay == Approx(0.1));
+  CHECK(c.merger.cgad_cutoff == 16);
+  CHECK(c.merger.adam_beta2 == Approx(0.99));
+  CHECK(c.merger.adam_epsilon == Approx(1e-8));
+  c = parse_run_config(R"(
+[merger]
+optimizer = "dn"
+dn_period = 32
+dn_activation = 0.25
+cgad_decay = 0.2
+cgad_cutoff = 8
+adam_beta2 = 0.95
+adam_epsilon = 1e-6
+)", "m.toml");
+  validate_run_config(c);
+  CHECK(c.merger.optimizer == "dn");
+  CHECK(c.merger.dn_period == 32);
+  CHECK(c.merger.dn_activation == Approx(0.25));
+  CHECK(c.merger.cgad_decay == Approx(0.2));
+  CHECK(c.merger.cgad_cutoff == 8);
+  CHECK(c.merger.adam_beta2 == Approx(0.95));
+  CHECK(c.merger.adam_epsilon == Approx(1e-6));
+  apply_override(c, "merger.optimizer=cgad");
+  validate_run_config(c);
+  apply_override(c, "merger.optimizer=adam");
+  CHECK_THROWS_WITH(validate_run_config(c),
+                    Catch::Contains("merger.optimizer must be one of nesterov, sgd, dn, cgad, not \"adam\""));
+  for (const char* bad : {"merger.dn_period=0", "merger.dn_activation=1.5", "merger.cgad_decay=-1",
+                          "merger.cgad_cutoff=0", "merger.adam_beta2=1.0", "merger.adam_epsilon=0.0"}) {
+    RunConfig d = parse_run_config("", "empty");
+    apply_override(d, bad);
+    INFO(bad);
+    CHECK_THROWS_AS(validate_run_config(d), InvalidInput);
+  }
+}
+
 TEST_CASE("the cluster section: arrays of regions and speed factors, checked element by element", "[config]") {
   RunConfig c = parse_run_config(R"(
 [cluster]

@@ -54,10 +54,13 @@ class FragmentCheck {
       if (c.version != state.version || c.position == log_.start_position) continue;
       ++report_.checkpoints;
       const uint64_t momentum = checksum_fp32(state.momentum);
-      if (c.checksum != state.checksum || c.momentum_checksum != momentum)
+      const uint64_t outer_state = checksum_fp32(state.outer_state);
+      if (c.checksum != state.checksum || c.momentum_checksum != momentum || c.outer_state_checksum != outer_state)
         fail("checkpoint at " + describe(c.position) + " of version " + std::to_string(c.version) +
              " has checksum " + std::to_string(c.checksum) + " (momentum " + std::to_string(c.momentum_checksum) +
-             "), the rebuilt state " + std::to_string(state.checksum) + " (momentum " + std::to_string(momentum) + ")");
+             ", outer state " + std::to_string(c.outer_state_checksum) + "), the rebuilt state " +
+             std::to_string(state.checksum) + " (momentum " + std::to_string(momentum) + ", outer state " +
+             std::to_string(outer_state) + ")");
     }
   }
 

@@ -165,10 +165,13 @@ nlohmann::json merge_record_json(const MergeRecord& r) {
   }
   return {{"run_id", r.run_id}, {"fingerprint", r.fingerprint}, {"fragment", r.fragment},
           {"version", r.version}, {"prev_version", r.prev_version}, {"merge", is_merge(r)},
-          {"rule", merge_rule_name(r.rule)}, {"optimizer", optimizer_name(r.optimizer)},
+          {"rule", merge_rule_name(r.rule)}, {"optimizer", outer_optimizer_name(r.optimizer)},
           {"hyper", {{"lr", r.hyper.lr}, {"momentum", r.hyper.momentum}, {"staleness_alpha", r.hyper.staleness_alpha},
-                     {"max_staleness", r.hyper.max_staleness}, {"quorum", r.hyper.quorum}}},
-          {"share", r.share},
+                     {"max_staleness", r.hyper.max_staleness}, {"quorum", r.hyper.quorum},
+                     {"dn_period", r.hyper.dn_period}, {"dn_activation", r.hyper.dn_activation},
+                     {"cgad_decay", r.hyper.cgad_decay}, {"cgad_cutoff", r.hyper.cgad_cutoff},
+                     {"adam_beta2", r.hyper.adam_beta2}, {"adam_epsilon", r.hyper.adam_epsilon}}},
+          {"share", r.share}, {"staleness_scale", r.staleness_scale},
           {"checksum", r.checksum}, {"merger_instance", r.merger_instance}, {"epoch", r.epoch},
           {"merge_time_us", r.merge_time_us}, {"inputs", inputs}, {"dropped", dropped}};
 }
@@ -178,6 +181,7 @@ nlohmann::json state_json(const FragmentState& s, const FragmentLayout& layout, 
   for (const auto& c : s.consumed) consumed.push_back(position_json(c));
   return {{"run_id", s.run_id}, {"fingerprint", s.fingerprint}, {"fragment", s.fragment},
           {"version", s.version}, {"checksum", s.checksum}, {"momentum_checksum", checksum_fp32(s.momentum)},
+          {"outer_state_checksum", checksum_fp32(s.outer_state)},
           {"last_merge", s.last_merge ? position_json(*s.last_merge) : nlohmann::json()},
           {"consumed", consumed}, {"accounted", s.accounted},
           {"params", tensor_summaries(s.params, layout.fragments.at(s.fragment), first_values)},
@@ -218,9 +222,6 @@ nlohmann::json delta_json(const ReplayRun& run, const ConsumedMessage& m, int fi
 }  // namespace
 
 const char* merge_rule_name(MergeRule rule) { return rule == MergeRule::WeightedAverage ? "avg" : "rda"; }
-const char* optimizer_name(OuterOptimizerKind optimizer) {
-  return optimizer == OuterOptimizerKind::Sgd ? "sgd" : "nesterov";
-}
 
 int64_t parse_time_ms(const std::string& text) {
   const int64_t now_ms = std::chrono::duration_cast<std::chrono::milliseconds>(

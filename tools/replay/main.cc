@@ -144,7 +144,10 @@ int main(int argc, char** argv) {
   remerge_cmd->add_option("--quorum", quorum, "K: distinct learners per merge")->check(CLI::PositiveNumber);
   remerge_cmd->add_option("--outer-lr", lr, "outer learning rate");
   remerge_cmd->add_option("--momentum", momentum, "outer momentum");
-  remerge_cmd->add_option("--optimizer", optimizer, "nesterov or sgd")->check(CLI::IsMember({"nesterov", "sgd"}));
+  remerge_cmd->add_option("--optimizer", optimizer, outer_optimizer_names())
+      ->check([](const std::string& name) {
+        return parse_outer_optimizer(name) ? std::string() : "must be one of " + outer_optimizer_names();
+      });
   remerge_cmd->add_option("--eval-batches", remerge_o.eval_batches, "held-out batches to evaluate (default: train.eval_batches; 0: skip)");
   remerge_cmd->add_flag("--json", remerge_json, "one JSON document instead of text");
 
@@ -163,7 +166,7 @@ int main(int argc, char** argv) {
     if (show_cmd->parsed() && !show_merge && !show_state && show_o.position.topic.empty())
       throw InvalidInput("show: a delta needs --topic (or pass --merge / --state)");
     if (!rule.empty()) remerge_o.rule = rule == "avg" ? MergeRule::WeightedAverage : MergeRule::RadialDirectional;
-    if (!optimizer.empty()) remerge_o.optimizer = optimizer == "sgd" ? OuterOptimizerKind::Sgd : OuterOptimizerKind::Nesterov;
+    if (!optimizer.empty()) remerge_o.optimizer = parse_outer_optimizer(optimizer);
     if (remerge_cmd->count("--alpha")) remerge_o.staleness_alpha = alpha;
     if (remerge_cmd->count("--outer-lr")) remerge_o.lr = lr;
     if (remerge_cmd->count("--momentum")) remerge_o.momentum = momentum;

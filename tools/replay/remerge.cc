@@ -21,12 +21,24 @@ namespace {
 // The settings of one merge: the record's, with the ones the options set replaced.
 MergeOptions merge_options(const RemergeOptions& o, const MergeRecord& r, std::span<const TensorSpec> layout) {
   MergeOptions m{.rule = o.rule.value_or(r.rule), .optimizer = o.optimizer.value_or(r.optimizer), .hyper = r.hyper,
-                 .tensors = layout, .share = r.share};
+                 .tensors = layout, .share = r.share, .staleness_scale = r.staleness_scale};
   if (o.staleness_alpha) m.hyper.staleness_alpha = *o.staleness_alpha;
   if (o.lr) m.hyper.lr = *o.lr;
   if (o.momentum) m.hyper.momentum = *o.momentum;
   if (o.quorum) m.hyper.quorum = *o.quorum;
   return m;
+}
+
+// With --alpha, the staleness scale of the re-weighted inputs replaces the recorded one in the
+// recorded share; without it (or when it comes out the same) the recorded share stays, bit for bit.
+void rescale_share(const RemergeOptions& o, const MergeRecord& r, std::span<const MergeInput> inputs,
+                   MergeOptions& m) {
+  if (!o.staleness_alpha) return;
+  const double scale = staleness_scale(inputs, m.hyper.staleness_alpha);
+  const float recorded = scaled_share(1.0f, scale);
+  if (recorded == r.staleness_scale) return;
+  m.share = std::min(1.0f, scaled_share(r.share, scale / static_cast<double>(r.staleness_scale)));
+  m.staleness_scale = recorded;
 }
 
 // A quorum other than a recorded one changes how arrivals group into merges.
@@ -79,7 +91,7 @@ void remerge_as_recorded(const ReplayRun& run, const RemergeOptions& o, const Fr
     if (!original.continued_by(merge)) return true;
     original.advance(merge);
     if (!is_merge(merge.record)) return true;
-    const MergeOptions options = merge_options(o, merge.record, layout);
+    MergeOptions options = merge_options(o, merge.record, layout);
     std::vector<Delta> decoded;
     std::vector<MergeInput> inputs;
     for (const auto& ref : merge.record.inputs) decoded.push_back(logged_delta(ctx, deltas, ref, merge.position));
@@ -88,6 +100,7 @@ void remerge_as_recorded(const ReplayRun& run, const RemergeOptions& o, const Fr
       weigh(ref, state.version, options.hyper);
       inputs.push_back({ref, decoded[i].tensors});
     }
+    rescale_share(o, merge.record, inputs, options);
     merge_step(state, inputs, options, next);
     std::swap(state, next);
     ++out.merges;
@@ -135,7 +148,7 @@ void remerge_regrouped(const ReplayRun& run, const RemergeOptions& o, const Frag
       merger.offer(std::move(ref), std::move(delta.tensors), now);
       while (merger.poll(now, {}, no_grace)) {
         MergePlan plan = merger.take_merge_inputs(now);
-        options.share = run.config.merger.share_scaling ? round_share(plan.inputs, population.size()) : 1.0f;
+        set_merge_share(options, plan.inputs, population.size(), run.config.merger.share_scaling);
         merge_step(state, plan.inputs, options, next);
         std::swap(state, next);
         merger.merge_committed(state.version);

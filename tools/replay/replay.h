@@ -179,6 +179,5 @@ RemergeReport remerge(const ReplayRun& run, const RemergeOptions& options, std::
 void print_remerge(const RemergeReport& report, bool json, std::ostream& out);
 
 const char* merge_rule_name(MergeRule rule);               // "rda" | "avg", as in the config
-const char* optimizer_name(OuterOptimizerKind optimizer);  // "nesterov" | "sgd"
 
 }  // namespace diloco

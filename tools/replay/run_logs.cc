@@ -182,7 +182,11 @@ std::map<uint32_t, FragmentLog> read_fragment_logs(const ReplayRun& run, int32_t
         auto it = out.find(s.fragment);
         if (it == out.end()) return;  // not in this partition: reported by its own partition's reader
         FragmentLog& f = it->second;
-        f.checkpoints.push_back({s.version, s.checksum, checksum_fp32(s.momentum), position});
+        f.checkpoints.push_back({.version = s.version,
+                                 .checksum = s.checksum,
+                                 .momentum_checksum = checksum_fp32(s.momentum),
+                                 .outer_state_checksum = checksum_fp32(s.outer_state),
+                                 .position = position});
         f.latest_version = std::max(f.latest_version, s.version);
         const bool eligible = start.earliest || s.version <= start.at_most;
         const bool preferred = !f.start_position ||

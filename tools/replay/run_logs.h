@@ -44,6 +44,7 @@ struct CheckpointInfo {
   uint64_t version = 0;
   uint64_t checksum = 0;           // of params, as stored (and verified on decoding)
   uint64_t momentum_checksum = 0;  // checksum_fp32 of the stored momentum
+  uint64_t outer_state_checksum = 0;  // checksum_fp32 of the stored outer_state (empty: of nothing)
   LogPosition position;
 };
 
