@@ -317,7 +317,7 @@ void MergerProcess::merge(uint32_t p, const std::vector<std::string>& live) {
   MergeOptions options{.rule = merge_rule(o_.config), .optimizer = outer_optimizer(o_.config),
                        .hyper = outer_hyper(o_.config), .tensors = setup_.layout.fragments[p]};
   const bool share_scaling = o_.config.merger.share_scaling;
-  set_merge_share(options, plan.inputs, share_scaling ? live_learners().size() : 0, share_scaling);
+  set_merge_share(options, plan.inputs, share_scaling ? live.size() : 0, share_scaling);
   MergeRecord record = merge_step(f.state, plan.inputs, options, f.scratch);
   record.dropped = std::move(plan.dropped);
   record.merger_instance = o_.instance_id;
