@@ -41,11 +41,12 @@ OPTIMIZERS = {"nesterov": [], "dn": [], "cgad": ["merger.outer_lr=0.02"]}
 
 # "{M}" in an override is replaced by the number of learners of the run.
 DECOUPLED_BASE = ["merger.quorum=1", "diloco.stagger=false", "codec.dtype=int4"]
-# Today's Decoupled settings (configs and merger defaults); --decoupled-set adds to them.
+# The Decoupled rows run the defaults (diloco.adopt = rebase, diloco.cut_on_arrival = 0.5,
+# merger.grace_tau = 4, merger.grace_cap_steps = 2); --decoupled-set adds to them.
 DECOUPLED_POLICY = []
 # What the learners did before schedules met: staggered, overwrite on adoption, no early cuts.
 STAGGERED = ["merger.quorum=1", "diloco.stagger=true", "codec.dtype=int4", "merger.optimizer=nesterov",
-             "diloco.adopt=overwrite", "diloco.cut_on_arrival=0"]
+             "diloco.adopt=overwrite", "diloco.cut_on_arrival=0", "merger.grace_tau=2", "merger.grace_cap_steps=1"]
 
 
 def decoupled_name(optimizer):

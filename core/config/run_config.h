@@ -50,7 +50,7 @@ struct DilocoConfig {
   // blend_alpha > 0, Streaming DiLoCo's mixing) or "rebase": received plus the local progress not
   // yet in it (the steps since its last cut, or since its base if it cut nothing on it), which
   // its next delta then carries, so adoption never throws training away.
-  std::string adopt = "overwrite";
+  std::string adopt = "rebase";
   // With adopt = "overwrite": theta = alpha * theta_local + (1 - alpha) * received; 0 overwrites.
   double blend_alpha = 0.0;
   // false: every learner cuts fragment p at steps (p+1)*H/P + k*H of its own step count, so one
@@ -60,7 +60,7 @@ struct DilocoConfig {
   // sent on the current base), or a merger's RoundOpen notice says p's quorum is in, and the
   // learner has done at least cut_on_arrival * H steps on p, it cuts that delta at once (before
   // adopting); p's next cut is H steps later. In [0, 1]; 0 disables it.
-  double cut_on_arrival = 0.0;
+  double cut_on_arrival = 0.5;
   // -1: never wait (Decoupled DiLoCo). k >= 0: after sending a delta of p on base b, run at most k
   // more inner steps, then wait until a version of p above b arrives (0 with merger.quorum equal
   // to the number of learners is synchronous DiLoCo).
@@ -92,8 +92,8 @@ struct DataConfig {
 struct MergerConfig {
   uint32_t quorum = 1;               // K: distinct learners needed before a fragment may merge
   double grace_gamma = 0.5;          // share of the overlap slack spent waiting for more learners
-  double grace_tau = 2;              // overlap in inner steps
-  double grace_cap_steps = 1;        // grace never exceeds this many learner step times
+  double grace_tau = 4;              // overlap in inner steps
+  double grace_cap_steps = 2;        // grace never exceeds this many learner step times
   double grace_cap_seconds = 30;     // nor this many seconds
   double staleness_alpha = 0;        // weight factor (1 + staleness)^-alpha; 0 is the paper
   int64_t max_staleness = -1;        // drop deltas staler than this; -1: no limit

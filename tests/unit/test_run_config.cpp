@@ -41,6 +41,7 @@ grad_clip = 0.5
 [diloco]
 fragments = 3
 H = 30
+adopt = "overwrite"
 blend_alpha = 0.5
 [codec]
 dtype = "int8"
@@ -196,7 +197,8 @@ TEST_CASE("the shipped configs load and validate", "[config]") {
 TEST_CASE("the diloco section: schedule phase, cut before an overwrite and synchronous waits", "[config]") {
   RunConfig c = parse_run_config("", "empty");
   CHECK_FALSE(c.diloco.stagger);
-  CHECK(c.diloco.cut_on_arrival == 0.0);
+  CHECK(c.diloco.cut_on_arrival == 0.5);
+  CHECK(c.diloco.adopt == "rebase");
   CHECK(c.diloco.wait_steps == -1);
   CHECK(c.diloco.wait_timeout_seconds == Approx(300));
   RunConfig d = parse_run_config(R"(
