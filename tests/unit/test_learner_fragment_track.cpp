@@ -74,7 +74,7 @@ TEST_CASE("on adoption the residual of the last cut is carried into the new base
   CHECK(f.carried_residual() == std::vector<std::vector<float>>{{0, -0.375f}});
 }
 
-TEST_CASE("blend_alpha mixes the local and the received parameters; the anchor is the received", "[learner]") {
+TEST_CASE("blend_alpha mixes the local and the received parameters, and the anchor is the received", "[learner]") {
   FragmentTrack f(tensors(0, 0), 0);
   f.count_step(1);
   auto model = f.adopt(1, 0, tensors(0, 4), 0.25, tensors(4, 8));
