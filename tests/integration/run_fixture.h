@@ -2,13 +2,19 @@
 // broker, and (when no merger is part of the test) version 0 of every fragment in `state`.
 #pragma once
 
+#include <chrono>
+#include <csignal>
+#include <memory>
 #include <string>
 #include <vector>
+
+#include <catch2/catch.hpp>
 
 #include "core/config/run_config.h"
 #include "core/kafka/producer.h"
 #include "core/train/model_setup.h"
 #include "tests/integration/broker_fixture.h"
+#include "tests/integration/child_process.h"
 
 namespace diloco::testing {
 
@@ -38,5 +44,33 @@ inline void write_genesis(const KafkaOptions& kafka, const RunConfig& config, in
 
 inline std::string learner_binary() { return DILOCO_BINARY_DIR "/bin/diloco-learner"; }
 inline std::string merger_binary() { return DILOCO_BINARY_DIR "/bin/diloco-merger"; }
+
+// One merger ("M0") and `learners` learners ("L0", ...) of tiny in one region "r0" of `run`, each
+// with `sets` (--set pairs) and its run folder under `dir`; the learners train `steps` steps.
+// Waits for every learner to exit 0 (within `timeout`), then stops the merger with SIGTERM.
+inline void run_small_cluster(const KafkaOptions& kafka, const std::string& dir, const std::vector<std::string>& sets,
+                              int learners, int steps, std::chrono::seconds timeout) {
+  auto start = [&](std::vector<std::string> args, const std::string& id) {
+    args.insert(args.end(), {"-c", tiny_config_path(), "--id", id, "--bootstrap", kafka.bootstrap_servers,
+                             "--run-dir", dir + "/" + id});
+    args.insert(args.end(), sets.begin(), sets.end());
+    return std::make_unique<ChildProcess>(args, dir + "/" + id + ".log");
+  };
+  auto merger = start({merger_binary()}, "M0");
+  std::vector<std::unique_ptr<ChildProcess>> children;
+  for (int i = 0; i < learners; ++i)
+    children.push_back(start({learner_binary(), "--index", std::to_string(i), "--learners", std::to_string(learners),
+                              "--region", "r0", "--regions", "r0", "--steps", std::to_string(steps), "--log-every",
+                              "10"},
+                             "L" + std::to_string(i)));
+  for (auto& l : children) {
+    auto code = l->wait_exit(timeout);
+    INFO(l->log());
+    REQUIRE(code.has_value());
+    CHECK(*code == 0);
+  }
+  merger->signal(SIGTERM);
+  REQUIRE(merger->wait_exit(std::chrono::seconds(30)).has_value());
+}
 
 }  // namespace diloco::testing

@@ -3,9 +3,6 @@
 // learners' deltas on the same base (the schedules meet), and the learners report time waited.
 #include <catch2/catch.hpp>
 
-#include <memory>
-
-#include "tests/integration/child_process.h"
 #include "tests/integration/run_fixture.h"
 
 using namespace diloco;
@@ -19,26 +16,7 @@ TEST_CASE("2 learners with wait_steps 0 and quorum 2: every merge has both, the 
   const std::vector<std::string> sets = {"--set", "run.id=\"" + run + "\"", "--set", "merger.quorum=2",
                                          "--set", "diloco.wait_steps=0", "--set", "diloco.H=8",
                                          "--set", "train.eval_every=0", "--set", "diloco.wait_timeout_seconds=60"};
-  auto start = [&](std::vector<std::string> args, const std::string& id) {
-    args.insert(args.end(), {"-c", testing::tiny_config_path(), "--id", id, "--bootstrap", kafka.bootstrap_servers,
-                             "--run-dir", dir + "/" + id});
-    args.insert(args.end(), sets.begin(), sets.end());
-    return std::make_unique<testing::ChildProcess>(args, dir + "/" + id + ".log");
-  };
-  auto merger = start({testing::merger_binary()}, "M0");
-  std::vector<std::unique_ptr<testing::ChildProcess>> learners;
-  for (int i = 0; i < 2; ++i)
-    learners.push_back(start({testing::learner_binary(), "--index", std::to_string(i), "--learners", "2", "--region",
-                              "r0", "--regions", "r0", "--steps", "40", "--log-every", "10"},
-                             "L" + std::to_string(i)));
-  for (auto& l : learners) {
-    auto code = l->wait_exit(90s);
-    INFO(l->log());
-    REQUIRE(code.has_value());
-    CHECK(*code == 0);
-  }
-  merger->signal(SIGTERM);
-  REQUIRE(merger->wait_exit(30s).has_value());
+  testing::run_small_cluster(kafka, dir, sets, 2, 40, 90s);
 
   size_t merges = 0;
   for (const auto& j : testing::read_json_lines(dir + "/M0/metrics.jsonl")) {
