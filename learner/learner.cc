@@ -60,6 +60,7 @@ class Learner {
   }
   void load_global_state();
   void adopt_received(uint64_t step, float loss);
+  bool cut_early(uint32_t p, uint64_t coming, uint64_t step, float loss);
   void publish_delta(uint32_t p, uint64_t step, float loss, bool early);
   void wait_for_merges(uint64_t step, float loss);
   void heartbeat(uint64_t step, float loss);
@@ -125,6 +126,16 @@ void Learner::load_global_state() {
   std::cerr << "\n";
 }
 
+// Cuts p now, ahead of its schedule, if a version `coming` of p would otherwise miss or overwrite
+// this learner's unsent progress (diloco.cut_on_arrival); p's next cut is then H steps later.
+bool Learner::cut_early(uint32_t p, uint64_t coming, uint64_t step, float loss) {
+  const auto& d = o_.config.diloco;
+  if (o_.mode != LearnerMode::Train || !fragments_[p].cut_before_adopting(coming, d.cut_on_arrival, d.H)) return false;
+  publish_delta(p, step, loss, true);
+  schedule_->cut(p, step);
+  return true;
+}
+
 void Learner::adopt_received(uint64_t step, float loss) {
   if (!inbox_) return;
   std::vector<uint64_t> known;
@@ -134,10 +145,8 @@ void Learner::adopt_received(uint64_t step, float loss) {
   // grace window, so that it joins that merge instead of missing it by a few steps.
   for (const RoundOpen& notice : inbox_->take_round_opens()) {
     const uint32_t p = notice.fragment;
-    if (o_.mode != LearnerMode::Train || p >= fragments_.size() || notice.version < fragments_[p].version()) continue;
-    if (!fragments_[p].cut_before_adopting(notice.version + 1, d.cut_on_arrival, d.H)) continue;
-    publish_delta(p, step, loss, true);
-    schedule_->cut(p, step);
+    if (p >= fragments_.size() || notice.version < fragments_[p].version()) continue;
+    if (!cut_early(p, notice.version + 1, step, loss)) continue;
     log({{"event", "round_open_cut"}, {"fragment", p}, {"version", notice.version}, {"merger", notice.merger_instance}});
   }
   for (FragmentParams& params : inbox_->take(known)) {
@@ -147,10 +156,7 @@ void Learner::adopt_received(uint64_t step, float loss) {
     // would lose all its progress on p since its base when another learner's merge arrives first.
     // Cutting first sends that progress, and restarting p's cycle here pulls this learner's
     // schedule into phase with the learners whose merge just arrived.
-    if (o_.mode == LearnerMode::Train && f.cut_before_adopting(params.version, d.cut_on_arrival, d.H)) {
-      publish_delta(p, step, loss, true);
-      schedule_->cut(p, step);
-    }
+    cut_early(p, params.version, step, loss);
     uint64_t behind = params.version - f.version();
     const double alpha = d.blend_alpha;
     const bool rebase = d.adopt == "rebase";

@@ -91,14 +91,6 @@ void outer_step(OuterOptimizerKind kind, const OuterHyper& hyper, uint64_t versi
   DILOCO_ENFORCE(false, "unknown outer optimizer ", static_cast<int>(kind));
 }
 
-void outer_step(OuterOptimizerKind kind, float lr, float momentum_coefficient,
-                std::span<float> params, std::span<float> momentum,
-                std::span<const float> update, float share) {
-  DILOCO_ENFORCE(!has_outer_state(kind), outer_optimizer_name(kind), " needs its state buffer");
-  outer_step(kind, OuterHyper{.lr = lr, .momentum = momentum_coefficient}, 0, params, momentum,
-             {}, update, share);
-}
-
 std::vector<DenseTensor> initial_momentum(std::span<const DenseTensor> params) {
   std::vector<DenseTensor> momentum;
   momentum.reserve(params.size());

@@ -48,11 +48,6 @@ void outer_step(OuterOptimizerKind kind, const OuterHyper& hyper, uint64_t versi
                 std::span<float> params, std::span<float> momentum, std::span<float> state,
                 std::span<const float> update, float scale = 1.0f);
 
-// Nesterov or Sgd, which keep no second buffer.
-void outer_step(OuterOptimizerKind kind, float lr, float momentum_coefficient,
-                std::span<float> params, std::span<float> momentum,
-                std::span<const float> update, float share = 1.0f);
-
 // Zero momentum shaped like `params`: the outer state of a fragment at genesis (also the
 // optimizer's second buffer when it keeps one).
 std::vector<DenseTensor> initial_momentum(std::span<const DenseTensor> params);

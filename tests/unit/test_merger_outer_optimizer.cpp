@@ -11,6 +11,16 @@
 
 using namespace diloco;
 
+namespace {
+
+// Nesterov or Sgd (no second buffer) with only lr and momentum set, as most cases below need.
+void outer_step(OuterOptimizerKind kind, float lr, float momentum, std::span<float> params,
+                std::span<float> buf, std::span<const float> update, float share = 1.0f) {
+  diloco::outer_step(kind, OuterHyper{.lr = lr, .momentum = momentum}, 0, params, buf, {}, update, share);
+}
+
+}  // namespace
+
 TEST_CASE("Nesterov from zero momentum moves by lr * (d + mu * d)", "[merger]") {
   std::vector<float> theta{1.0f, -2.0f, 0.0f};
   std::vector<float> buf(3, 0.0f);
