@@ -15,6 +15,14 @@ bool before(const LogPosition& a, const LogPosition& b) {
   return std::tie(a.topic, a.partition, a.offset) < std::tie(b.topic, b.partition, b.offset);
 }
 
+// Whether `a` is a later delta of the same learner than `b`: a learner's base only grows, and on
+// one base its seq does. Seqs come from the learner's wall clock, which may step back across a
+// restart; the restarted learner adopts a version first, so its deltas win by their base.
+bool newer(const DeltaRef& a, const DeltaRef& b) {
+  if (a.base_version != b.base_version) return a.base_version > b.base_version;
+  return a.seq > b.seq;
+}
+
 }  // namespace
 
 const char* merger_state_name(MergerState state) {
@@ -40,8 +48,10 @@ DeltaRef delta_ref(const DeltaHeader& header, const LogPosition& position) {
 }
 
 FragmentMerger::FragmentMerger(uint32_t fragment, uint64_t version, const OuterHyper& hyper,
-                               double /*now*/)
-    : fragment_(fragment), version_(version), hyper_(hyper) {
+                               double /*now*/, std::map<std::string, uint64_t> merged_bases,
+                               InputBounds bounds)
+    : fragment_(fragment), version_(version), hyper_(hyper), merged_base_(std::move(merged_bases)),
+      bounds_(bounds) {
   validate_outer_hyper(hyper_);
 }
 
@@ -57,7 +67,23 @@ DroppedDelta FragmentMerger::record_drop(DroppedDelta dropped) {
   return dropped;
 }
 
-std::optional<DroppedDelta> FragmentMerger::check(DeltaRef& ref) const {
+std::optional<DroppedDelta> FragmentMerger::check(DeltaRef& ref, std::optional<double> norm) const {
+  if (bounds_.tokens_per_step && ref.tokens != ref.inner_steps * bounds_.tokens_per_step)
+    return DroppedDelta{ref, DropReason::Invalid,
+                        detail::concat(ref.tokens, " tokens in ", ref.inner_steps,
+                                       " inner steps, but the run's batch x context is ",
+                                       bounds_.tokens_per_step, " tokens per step")};
+  if (norm && bounds_.max_norm_ratio > 0 && norms_.size() >= bounds_.norm_min) {
+    std::vector<double> recent(norms_.begin(), norms_.end());
+    std::nth_element(recent.begin(), recent.begin() + static_cast<std::ptrdiff_t>(recent.size() / 2), recent.end());
+    const double median = recent[recent.size() / 2];
+    if (!(*norm <= bounds_.max_norm_ratio * median))
+      return DroppedDelta{ref, DropReason::Invalid,
+                          detail::concat("L2 norm ", *norm, " is above merger.max_norm_ratio ",
+                                         bounds_.max_norm_ratio, " x ", median,
+                                         ", the median of the fragment's last ", recent.size(),
+                                         " accepted deltas")};
+  }
   if (ref.base_version > version_)
     return DroppedDelta{ref, DropReason::Invalid,
                         detail::concat("base from the future: base version ", ref.base_version,
@@ -83,7 +109,13 @@ std::optional<DroppedDelta> FragmentMerger::offer(DeltaRef delta, std::vector<De
                                                   double now) {
   if (state_ == MergerState::Stopped)
     throw InternalError(detail::concat("fragment ", fragment_, ": offer after stop"));
-  if (auto rejected = check(delta)) return record_drop(std::move(*rejected));
+  double sum = 0;
+  for (const auto& t : tensors)
+    for (float v : t.values) sum += static_cast<double>(v) * v;
+  const double norm = std::sqrt(sum);
+  if (auto rejected = check(delta, norm)) return record_drop(std::move(*rejected));
+  norms_.push_back(norm);
+  while (norms_.size() > bounds_.norm_window) norms_.pop_front();
 
   auto it = pending_.find(delta.learner_id);
   if (it == pending_.end()) {
@@ -96,10 +128,10 @@ std::optional<DroppedDelta> FragmentMerger::offer(DeltaRef delta, std::vector<De
     return std::nullopt;
   }
   HeldDelta& held = it->second;
-  if (delta.seq <= held.ref.seq)
+  if (!newer(delta, held.ref))
     return record_drop({std::move(delta), DropReason::Superseded,
-                        detail::concat("not newer than the pending seq ", held.ref.seq,
-                                       " of this learner")});
+                        detail::concat("older than the pending delta (base ", held.ref.base_version,
+                                       ", seq ", held.ref.seq, ") of this learner")});
   DroppedDelta replaced = record_drop({std::move(held.ref), DropReason::Superseded,
                                        detail::concat("replaced by seq ", delta.seq,
                                                       " of this learner")});
@@ -140,6 +172,7 @@ MergePlan FragmentMerger::take_merge_inputs(double now) {
                                        ": take_merge_inputs twice for one merge"));
   DILOCO_ENFORCE(!pending_.empty(), "fragment ", fragment_, ": MERGING with nothing pending");
   std::vector<HeldDelta> held;
+  merged_base_before_ = merged_base_;
   for (auto& [learner, h] : pending_) {
     weigh(h.ref, version_, hyper_);
     uint64_t& merged = merged_base_[learner];
@@ -188,15 +221,32 @@ std::vector<DroppedDelta> FragmentMerger::merge_committed(uint64_t new_version) 
   return dropped;
 }
 
-double FragmentMerger::published(double now) {
-  expect(MergerState::Publish, "published");
+void FragmentMerger::start_round(double now) {
   state_ = MergerState::Collecting;
   // Deltas that arrived during the merge open the next round now.
   first_at_.reset();
   quorum_at_.reset();
   if (!pending_.empty()) first_at_ = now;
   if (pending_.size() >= hyper_.quorum) quorum_at_ = now;
+}
+
+double FragmentMerger::published(double now) {
+  expect(MergerState::Publish, "published");
+  start_round(now);
   return now - merge_started_;
+}
+
+std::vector<DroppedDelta> FragmentMerger::merge_abandoned(const std::string& reason, double now) {
+  expect(MergerState::Merging, "merge_abandoned");
+  if (taken_.empty())
+    throw InternalError(detail::concat("fragment ", fragment_,
+                                       ": merge_abandoned before take_merge_inputs"));
+  merged_base_ = std::move(merged_base_before_);
+  std::vector<DroppedDelta> out;
+  for (auto& ref : taken_) out.push_back({std::move(ref), DropReason::Invalid, reason});
+  taken_.clear();
+  start_round(now);
+  return out;
 }
 
 std::vector<DroppedDelta> FragmentMerger::stop() {
@@ -217,26 +267,6 @@ std::vector<DroppedDelta> FragmentMerger::stop() {
   deadline_.reset();
   state_ = MergerState::Stopped;
   return out;
-}
-
-void FragmentMerger::replayed(const MergeRecord& record) {
-  expect(MergerState::Collecting, "replayed");
-  if (!pending_.empty() || !dropped_.empty())
-    throw InternalError(detail::concat("fragment ", fragment_,
-                                       ": replayed after deltas were offered"));
-  // A record that keeps the version only accounts for drops (a clean stop writes one).
-  const bool merge = !record.inputs.empty();
-  if (record.fragment != fragment_ || record.prev_version != version_ ||
-      record.version != version_ + (merge ? 1 : 0))
-    throw InternalError(detail::concat("fragment ", fragment_, " at version ", version_,
-                                       ": cannot replay the record of fragment ", record.fragment,
-                                       " from version ", record.prev_version, " to ",
-                                       record.version));
-  for (const auto& input : record.inputs) {
-    uint64_t& merged = merged_base_[input.learner_id];
-    merged = std::max(merged, input.base_version);
-  }
-  version_ = record.version;
 }
 
 std::optional<double> FragmentMerger::grace_deadline() const { return deadline_; }

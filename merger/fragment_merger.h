@@ -11,21 +11,26 @@
 // current state is a bug in the caller and throws InternalError.
 //
 // Pending set rules (offer), checked in this order:
+//   - tokens != inner_steps x the run's tokens per step      -> Invalid (InputBounds)
+//   - L2 norm above max_norm_ratio x the median of the fragment's recent accepted deltas
+//                                                           -> Invalid (InputBounds)
 //   - base_version > current version                       -> Invalid ("base from the future")
 //   - base_version <= a base already merged from the learner -> Superseded ("base already merged
 //     from this learner": a learner's deltas accumulate from its anchor until it adopts a new
 //     version, so merging it again would count that progress twice)
 //   - staleness > max_staleness                             -> TooStale
 //   - weight 0 (e.g. a staleness discount that underflows)  -> Invalid
-//   - at most one pending delta per learner: of two, the higher seq stays and the other is
-//     Superseded. On the same base the newer one contains the older one's progress; on a newer
-//     base (the older delta missed its merge and the learner adopted a newer version since) the
-//     older one's progress is given up for the one-delta-per-learner rule.
+//   - at most one pending delta per learner: of two, the newer stays (the higher base, and on one
+//     base the higher seq) and the other is Superseded. On the same base the newer one contains
+//     the older one's progress; on a newer base (the older delta missed its merge and the
+//     learner adopted a newer version since) the older one's progress is given up for the
+//     one-delta-per-learner rule.
 // Deltas may be offered in any state but STOPPED; those arriving while a merge is under way wait
 // for the next round and are checked again against the new version when it is committed.
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <map>
 #include <optional>
 #include <span>
@@ -40,6 +45,14 @@ namespace diloco {
 
 enum class MergerState : uint8_t { Collecting, Grace, Merging, Publish, Stopped };
 const char* merger_state_name(MergerState);
+
+// Checks of well-formed deltas against the run, beyond what the strict decoder can know.
+struct InputBounds {
+  uint64_t tokens_per_step = 0;  // train.batch x model.context; 0: not checked
+  double max_norm_ratio = 0;     // merger.max_norm_ratio; 0: no bound
+  size_t norm_window = 16;       // the median is over this many recent accepted deltas
+  size_t norm_min = 4;           // and the bound applies once there are this many
+};
 
 // The DeltaRef of a decoded delta read at `position` (staleness and weight are filled in later).
 DeltaRef delta_ref(const DeltaHeader& header, const LogPosition& position);
@@ -62,8 +75,11 @@ class FragmentMerger {
  public:
   // A fragment at `version` (genesis, a checkpoint, or the end of a recovery), collecting from
   // `now` (a round starts with its first pending delta, so `now` only dates the merger's birth).
+  // `merged_bases` is FragmentState.merged_bases of that version: the newest base merged from
+  // each learner, kept in checkpoints and rebuilt from the records after them.
   // Uses hyper.quorum, max_staleness and staleness_alpha (InvalidInput if invalid).
-  FragmentMerger(uint32_t fragment, uint64_t version, const OuterHyper& hyper, double now);
+  FragmentMerger(uint32_t fragment, uint64_t version, const OuterHyper& hyper, double now,
+                 std::map<std::string, uint64_t> merged_bases = {}, InputBounds bounds = {});
 
   // Offers a decoded delta. Returns the delta dropped because of it, if any: the offered one or
   // the pending one it replaced. Drops are also kept for the next MergePlan.
@@ -86,6 +102,11 @@ class FragmentMerger {
   // are checked against the new version; returns those dropped now (also kept for the next plan).
   std::vector<DroppedDelta> merge_committed(uint64_t new_version);
 
+  // MERGING, after take_merge_inputs, when the merge cannot be used (its result is not finite):
+  // nothing was merged, so the merged bases are restored and a new round starts at `now`; the
+  // caller records the inputs as Invalid drops (returned here, with their reason).
+  std::vector<DroppedDelta> merge_abandoned(const std::string& reason, double now);
+
   // PUBLISH only, once the new version is sent: starts the next round at `now` and returns how
   // long the merge took since take_merge_inputs (feed it to GraceWindow::observe_sync_time).
   double published(double now);
@@ -95,12 +116,6 @@ class FragmentMerger {
   // PendingAtStop. Moves to STOPPED, after which every call throws. In MERGING after
   // take_merge_inputs, the plan's own `dropped` list stays the caller's to record.
   std::vector<DroppedDelta> stop();
-
-  // Recovery: accounts for a logged merge of this fragment (record.prev_version == version(),
-  // COLLECTING with nothing pending) as if this merger had made it, so that the learners'
-  // merged bases are known. The parameters are rebuilt separately with merge_step. A record
-  // without inputs (accounting only: version == prev_version) is accepted and changes nothing.
-  void replayed(const MergeRecord& record);
 
   MergerState state() const { return state_; }
   uint32_t fragment() const { return fragment_; }
@@ -126,7 +141,8 @@ class FragmentMerger {
   };
 
   // The reason `ref` cannot be pending at the current version (weighs it as a side effect).
-  std::optional<DroppedDelta> check(DeltaRef& ref) const;
+  std::optional<DroppedDelta> check(DeltaRef& ref, std::optional<double> norm = std::nullopt) const;
+  void start_round(double now);  // the round after a merge: what is pending opens it now
   DroppedDelta record_drop(DroppedDelta dropped);  // keeps it for the next plan
   void expect(MergerState state, const char* call) const;
 
@@ -138,6 +154,9 @@ class FragmentMerger {
   std::vector<DeltaRef> taken_;                  // the current merge's inputs, in merge order
   std::vector<DroppedDelta> dropped_;            // since the last plan
   std::map<std::string, uint64_t> merged_base_;  // learner id -> newest base merged from it
+  std::map<std::string, uint64_t> merged_base_before_;  // before the current merge's inputs
+  InputBounds bounds_;
+  std::deque<double> norms_;  // L2 norms of the last accepted deltas
   std::optional<double> first_at_;   // when the current round's first delta became pending
   std::optional<double> quorum_at_;  // when the current round had K learners pending
   std::optional<double> deadline_;   // GRACE: end of the grace window

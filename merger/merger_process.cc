@@ -1,6 +1,8 @@
 #include "merger/merger_process.h"
 
 #include <chrono>
+#include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <iostream>
 #include <map>
@@ -47,6 +49,19 @@ struct LiveLearner {
   float step_time_s = 0;
 };
 
+// The first tensor of `state` with a value that is not finite, named, if any.
+std::optional<std::string> first_non_finite(const FragmentState& state) {
+  auto scan = [](const std::vector<DenseTensor>& tensors, const char* what) -> std::optional<std::string> {
+    for (const auto& t : tensors)
+      for (float v : t.values)
+        if (!std::isfinite(v)) return std::string(what) + " of tensor " + std::to_string(t.index);
+    return std::nullopt;
+  };
+  if (auto bad = scan(state.params, "params")) return bad;
+  if (auto bad = scan(state.momentum, "momentum")) return bad;
+  return scan(state.outer_state, "outer state");
+}
+
 class MergerProcess : public RebalanceListener {
  public:
   MergerProcess(const MergerOptions& options, const std::atomic<bool>& stop);
@@ -65,7 +80,16 @@ class MergerProcess : public RebalanceListener {
     return LogContext{.kafka = o_.kafka, .topics = topics_, .config = &o_.config, .setup = &setup_, .limits = limits()};
   }
   std::vector<uint32_t> fragments_of(int32_t partition) const;
+  InputBounds input_bounds() const {
+    return InputBounds{.tokens_per_step = static_cast<uint64_t>(o_.config.train.batch * o_.config.model.context),
+                       .max_norm_ratio = o_.config.merger.max_norm_ratio};
+  }
+  void abandon_merge(uint32_t p, MergePlan& plan, const std::string& reason);
   void recover(const std::set<int32_t>& partitions);
+  bool ensure_recovered();
+  void request_recovery(bool rewind);
+  bool consume(int timeout_ms, int64_t* timestamp_ms = nullptr);
+  void catch_up(int64_t last_timestamp_ms);
   void handle_delta(const ConsumedMessage& message);
   void reject(const ConsumedMessage& message, const std::string& reason, const std::string& detail);
   void merge(uint32_t p, const std::vector<std::string>& live);
@@ -80,12 +104,18 @@ class MergerProcess : public RebalanceListener {
   std::vector<std::string> live_learners() const;
   void announce(bool leaving);
   void stop_fragments();
+  MergeRecord accounting_record(uint32_t p, std::vector<DroppedDelta> dropped) const;
+  std::vector<TopicPartitionOffset> committed_offsets();
   void log(nlohmann::json record);
   void begin();
-  void finish_transaction(bool with_offsets);
+  void finish_transaction(const std::vector<TopicPartitionOffset>& offsets);
 
   const MergerOptions& o_;
+  const MergerTimeouts& t_;
   const std::atomic<bool>& stop_;
+  const MergerFaults faults_ = MergerFaults::from_environment();
+  int commits_ = 0;     // merge commits attempted (fault injection counts them)
+  int recoveries_ = 0;  // recoveries attempted
   ModelSetup setup_;
   RunTopics topics_;
   Metrics metrics_{"diloco_merger_"};
@@ -109,11 +139,15 @@ class MergerProcess : public RebalanceListener {
   // Delivery of the transactional producer: token -> position (or error).
   std::map<uint64_t, DeliveryReport> delivered_;
   uint64_t next_token_ = 1;
+  // Set by the rebalance callback (a new assignment) or by a failure in the loop; the loop
+  // rebuilds the owned fragments before it handles another delta. After a failure the consumer
+  // is also rewound to the committed offsets, so that every delta held in memory is read again.
   bool recover_needed_ = false;
+  bool rewind_needed_ = false;
 };
 
 MergerProcess::MergerProcess(const MergerOptions& options, const std::atomic<bool>& stop)
-    : o_(options), stop_(stop), setup_(build_model(options.config)), topics_{options.config.run.id},
+    : o_(options), t_(options.timeouts), stop_(stop), setup_(build_model(options.config)), topics_{options.config.run.id},
       grace_(GraceWindowOptions{.gamma = options.config.merger.grace_gamma,
                                 .tau = options.config.merger.grace_tau,
                                 .cap_step_times = options.config.merger.grace_cap_steps,
@@ -135,14 +169,10 @@ std::vector<uint32_t> MergerProcess::fragments_of(int32_t partition) const {
 
 void MergerProcess::begin() { txn_->begin_transaction(); }
 
-// Commits the open transaction; with_offsets adds the consumed offsets that every held delta
-// allows (see offsets_to_commit).
-void MergerProcess::finish_transaction(bool with_offsets) {
-  if (with_offsets) {
-    auto offsets = offsets_to_commit();
-    if (!offsets.empty()) txn_->send_offsets_to_transaction(offsets, consumer_->raw(), 30000);
-  }
-  txn_->commit_transaction(60000);
+// Commits the open transaction with the consumed offsets `offsets` (see offsets_to_commit).
+void MergerProcess::finish_transaction(const std::vector<TopicPartitionOffset>& offsets) {
+  if (!offsets.empty()) txn_->send_offsets_to_transaction(offsets, consumer_->raw(), t_.send_offsets_ms);
+  txn_->commit_transaction(t_.commit_ms);
 }
 
 std::vector<TopicPartitionOffset> MergerProcess::offsets_to_commit() const {
@@ -168,23 +198,25 @@ void MergerProcess::write_genesis(const std::vector<uint32_t>& fragments) {
     auto bytes = encode_fragment_state(owned_.at(p).state);
     txn_->produce({.topic = topics_.state(), .partition = static_cast<int32_t>(p % static_cast<uint32_t>(partitions_)),
                    .key = std::to_string(p), .value = bytes},
-                  next_token_++, 30000);
+                  next_token_++, t_.produce_ms);
   }
-  finish_transaction(false);
+  finish_transaction(committed_offsets());
   for (uint32_t p : fragments) log({{"event", "genesis"}, {"fragment", p}});
 }
 
 void MergerProcess::recover(const std::set<int32_t>& partitions) {
   auto t0 = Clock::now();
+  owned_.clear();
+  if (++recoveries_ == faults_.fail_recovery)
+    throw Unavailable("fault injection: recovery " + std::to_string(recoveries_) + " fails");
   std::vector<uint32_t> genesis;
   for (int32_t partition : partitions) {
     auto fragments = fragments_of(partition);
     auto recovered = recover_partition(log_context(), partition, fragments);
     for (auto& [p, r] : recovered) {
-      uint64_t start_version = r.replayed.empty() ? r.state.version : r.replayed.front().prev_version;
       OwnedFragment f;
-      f.merger = std::make_unique<FragmentMerger>(p, start_version, outer_hyper(o_.config), now());
-      for (const auto& record : r.replayed) f.merger->replayed(record);
+      f.merger = std::make_unique<FragmentMerger>(p, r.state.version, outer_hyper(o_.config), now(),
+                                                  r.state.merged_bases, input_bounds());
       f.state = std::move(r.state);
       if (r.from_genesis) genesis.push_back(p);
       log({{"event", "recovered"}, {"fragment", p}, {"version", f.state.version}, {"replayed", r.replayed.size()},
@@ -205,6 +237,8 @@ void MergerProcess::recover(const std::set<int32_t>& partitions) {
   std::cerr << " (recovered in " << seconds << " s)\n";
 }
 
+// Runs inside librdkafka's poll: it only records the assignment. Recovery, which reads the logs
+// for seconds or minutes and may fail, runs in the loop (ensure_recovered) before the next delta.
 void MergerProcess::on_assigned(const std::vector<TopicPartitionOffset>& partitions) {
   epoch_ = static_cast<uint64_t>(unix_us() / 1000);
   assigned_.clear();
@@ -212,8 +246,61 @@ void MergerProcess::on_assigned(const std::vector<TopicPartitionOffset>& partiti
   owned_.clear();
   next_offset_.clear();
   log({{"event", "assigned"}, {"partitions", std::vector<int32_t>(assigned_.begin(), assigned_.end())}, {"epoch", epoch_}});
-  recover(assigned_);
-  announce(false);
+  recover_needed_ = true;
+  rewind_needed_ = false;  // a new assignment starts at the committed offsets anyway
+}
+
+void MergerProcess::request_recovery(bool rewind) {
+  recover_needed_ = true;
+  rewind_needed_ = rewind_needed_ || rewind;
+}
+
+// Rebuilds the owned fragments if a new assignment or a failure asked for it, retrying while the
+// broker is away. Returns true when the consumer was rewound: a message polled before this call
+// will be read again and must not be handled.
+bool MergerProcess::ensure_recovered() {
+  bool rewound = false;
+  while (recover_needed_ && !stop_) {
+    try {
+      recover(assigned_);
+      if (rewind_needed_) {
+        consumer_->rewind_to_committed(t_.committed_offsets_ms);
+        next_offset_.clear();
+        rewind_needed_ = false;
+        rewound = true;
+        log({{"event", "rewound"}, {"partitions", std::vector<int32_t>(assigned_.begin(), assigned_.end())}});
+      }
+      recover_needed_ = false;
+      announce(false);
+    } catch (const Unavailable& e) {
+      std::cerr << "merger " << o_.instance_id << ": broker unavailable, retrying recovery: " << e.what() << "\n";
+      log({{"event", "recovery_failed"}, {"detail", e.what()}});
+      owned_.clear();
+      std::this_thread::sleep_for(std::chrono::milliseconds(t_.recovery_retry_ms));
+    }
+  }
+  return rewound;
+}
+
+// Polls one delta and handles it once the owned fragments are current. Returns whether one was
+// handled (and its Kafka timestamp).
+bool MergerProcess::consume(int timeout_ms, int64_t* timestamp_ms) {
+  auto message = consumer_->poll(timeout_ms);
+  if (recover_needed_ && ensure_recovered()) return false;
+  if (!message) return false;
+  handle_delta(*message);
+  if (timestamp_ms) *timestamp_ms = message->timestamp_ms;
+  return true;
+}
+
+// After reading a delta produced long ago (a backlog), reads on while deltas keep coming, so that
+// the merges see each learner's newest delta instead of its oldest (ARCHITECTURE.md section 6).
+void MergerProcess::catch_up(int64_t last_timestamp_ms) {
+  const auto until = Clock::now() + std::chrono::milliseconds(t_.catch_up_ms);
+  auto backlog = [&] { return unix_us() / 1000 - last_timestamp_ms > t_.catch_up_age_ms; };
+  while (Clock::now() < until && !stop_) {
+    if (!consume(backlog() ? t_.catch_up_poll_ms : 0, &last_timestamp_ms)) return;
+  }
 }
 
 void MergerProcess::on_revoked(const std::vector<TopicPartitionOffset>&) {
@@ -253,9 +340,11 @@ void MergerProcess::handle_delta(const ConsumedMessage& message) {
     return;
   }
   auto& f = it->second;
-  auto accounted = f.state.accounted.find(delta.header.learner_id);
-  if (accounted != f.state.accounted.end() && delta.header.seq <= accounted->second) {
-    metrics_.add("deltas_reread_total", 1);  // already in a committed record
+  // Read again after a restart, a rebalance or a rewind: a committed record accounts for it. Any
+  // other delta, a duplicate or a replay included, goes through the pending-set rules and is
+  // merged or dropped with a reason.
+  if (f.state.recent.contains({message.topic, message.partition, message.offset})) {
+    metrics_.add("deltas_reread_total", 1);
     return;
   }
   metrics_.add("deltas_received_total", 1, {{"region", delta.header.region}});
@@ -272,11 +361,12 @@ void MergerProcess::commit(uint32_t p, MergeRecord& record, bool write_state) {
   auto record_bytes = encode_merge_record(record);
   uint64_t token = next_token_++;
   txn_->produce({.topic = topics_.merges(), .partition = partition, .key = std::to_string(p), .value = record_bytes},
-                token, 30000);
+                token, t_.produce_ms);
   // The checkpoint names its merge record by offset, so wait for the record's position.
-  auto deadline = Clock::now() + std::chrono::seconds(60);
+  auto deadline = Clock::now() + std::chrono::milliseconds(t_.record_ack_ms);
   while (!delivered_.count(token)) {
-    if (Clock::now() > deadline) throw Unavailable("merge record not acknowledged within 60 s");
+    if (Clock::now() > deadline)
+      throw Unavailable("merge record not acknowledged within " + std::to_string(t_.record_ack_ms) + " ms");
     txn_->poll(10);
   }
   DeliveryReport report = delivered_.at(token);
@@ -284,15 +374,21 @@ void MergerProcess::commit(uint32_t p, MergeRecord& record, bool write_state) {
   if (!report.ok) throw Error("merge record not written: " + report.error);
   f.scratch.last_merge = LogPosition{report.topic, report.partition, report.offset};
   f.scratch.accounted = f.state.accounted;
-  account(f.scratch.accounted, record);
+  f.scratch.merged_bases = f.state.merged_bases;
+  f.scratch.recent = f.state.recent;
+  account(f.scratch, record);
+  const auto offsets = offsets_to_commit();
+  prune_recent(f.scratch, offsets);
   if (write_state) {
     f.scratch.consumed.clear();
-    for (const auto& tp : offsets_to_commit()) f.scratch.consumed.push_back({tp.topic, tp.partition, tp.offset});
+    for (const auto& tp : offsets) f.scratch.consumed.push_back({tp.topic, tp.partition, tp.offset});
     auto state_bytes = encode_fragment_state(f.scratch);
     txn_->produce({.topic = topics_.state(), .partition = partition, .key = std::to_string(p), .value = state_bytes},
-                  next_token_++, 30000);
+                  next_token_++, t_.produce_ms);
   }
-  finish_transaction(true);
+  if (++commits_ == faults_.fail_commit)
+    throw Error("fault injection: commit " + std::to_string(commits_) + " fails");
+  finish_transaction(offsets);
 }
 
 RoundTiming MergerProcess::round_timing(const FragmentMerger& merger, const MergePlan& plan,
@@ -319,6 +415,10 @@ void MergerProcess::merge(uint32_t p, const std::vector<std::string>& live) {
   const bool share_scaling = o_.config.merger.share_scaling;
   set_merge_share(options, plan.inputs, share_scaling ? live.size() : 0, share_scaling);
   MergeRecord record = merge_step(f.state, plan.inputs, options, f.scratch);
+  if (auto bad = first_non_finite(f.scratch)) {
+    abandon_merge(p, plan, "the merge result is not finite (" + *bad + "): nothing of it was applied");
+    return;
+  }
   record.dropped = std::move(plan.dropped);
   record.merger_instance = o_.instance_id;
   record.epoch = epoch_;
@@ -357,6 +457,24 @@ void MergerProcess::merge(uint32_t p, const std::vector<std::string>& live) {
        {"quorum_seconds", timing.quorum_seconds}, {"grace_seconds", timing.grace_seconds},
        {"grace_window", f.merger->granted_grace()}, {"live_learners", live.size()},
        {"missed", timing.missed}});
+}
+
+// A merge whose result cannot be used: its inputs are recorded as Invalid drops in an
+// accounting-only record (the version stays), so they are accounted for and change nothing.
+void MergerProcess::abandon_merge(uint32_t p, MergePlan& plan, const std::string& reason) {
+  auto& f = owned_.at(p);
+  std::vector<DroppedDelta> dropped = std::move(plan.dropped);
+  for (auto& d : f.merger->merge_abandoned(reason, now())) dropped.push_back(std::move(d));
+  MergeRecord record = accounting_record(p, std::move(dropped));
+  commit(p, record, false);
+  // Only the bookkeeping of the record is kept; scratch's parameters are thrown away.
+  f.state.accounted = f.scratch.accounted;
+  f.state.recent = f.scratch.recent;
+  metrics_.add("merges_abandoned_total", 1);
+  for (const auto& d : record.dropped) metrics_.add("deltas_dropped_total", 1, {{"reason", drop_reason_name(d.reason)}});
+  std::cerr << "merger " << o_.instance_id << ": fragment " << p << ": " << reason << "\n";
+  log({{"event", "merge_abandoned"}, {"fragment", p}, {"version", f.state.version}, {"detail", reason},
+       {"dropped", record.dropped.size()}});
 }
 
 void MergerProcess::publish(uint32_t p) {
@@ -421,25 +539,46 @@ void MergerProcess::announce(bool leaving) {
   plain_->try_produce({.topic = topics_.members(), .partition = 0, .key = o_.instance_id, .value = bytes}, 0);
 }
 
+// An accounting-only record of fragment p: the version stays, `dropped` are accounted for.
+MergeRecord MergerProcess::accounting_record(uint32_t p, std::vector<DroppedDelta> dropped) const {
+  const auto& f = owned_.at(p);
+  return MergeRecord{.run_id = o_.config.run.id, .fingerprint = setup_.layout.fingerprint, .fragment = p,
+                     .version = f.state.version, .prev_version = f.state.version, .dropped = std::move(dropped),
+                     .rule = merge_rule(o_.config), .optimizer = outer_optimizer(o_.config),
+                     .hyper = outer_hyper(o_.config), .checksum = f.state.checksum,
+                     .merger_instance = o_.instance_id, .epoch = epoch_, .merge_time_us = unix_us()};
+}
+
+// The group's committed offsets of every assigned delta partition (0 where none is committed yet,
+// which is where the consumer starts too), for transactions that move no offset: sending them
+// makes the group coordinator fence a zombie instance's transaction (KIP-447).
+std::vector<TopicPartitionOffset> MergerProcess::committed_offsets() {
+  auto offsets = consumer_->committed(consumer_->assignment(), t_.committed_offsets_ms);
+  for (auto& tp : offsets) tp.offset = std::max<int64_t>(tp.offset, 0);
+  return offsets;
+}
+
 void MergerProcess::stop_fragments() {
   // A clean stop records what is still held: pending deltas as PendingAtStop (a later owner merges
-  // them) and drops not yet in a record, in one accounting-only record per fragment.
+  // them) and drops not yet in a record, in accounting-only records, with the offsets that the
+  // held deltas allow (a pending delta is read again by the next owner), in one transaction.
+  const auto offsets = offsets_to_commit();
+  std::vector<MergeRecord> records;
   for (auto& [p, f] : owned_) {
     auto held = f.merger->stop();
-    if (held.empty()) continue;
-    MergeRecord record{.run_id = o_.config.run.id, .fingerprint = setup_.layout.fingerprint, .fragment = p,
-                       .version = f.state.version, .prev_version = f.state.version, .dropped = std::move(held),
-                       .rule = merge_rule(o_.config), .optimizer = outer_optimizer(o_.config),
-                       .hyper = outer_hyper(o_.config), .checksum = f.state.checksum,
-                       .merger_instance = o_.instance_id, .epoch = epoch_, .merge_time_us = unix_us()};
-    begin();
-    auto bytes = encode_merge_record(record);
-    txn_->produce({.topic = topics_.merges(), .partition = static_cast<int32_t>(p % static_cast<uint32_t>(partitions_)),
-                   .key = std::to_string(p), .value = bytes},
-                  next_token_++, 30000);
-    txn_->commit_transaction(60000);
-    log({{"event", "stop_record"}, {"fragment", p}, {"version", f.state.version}, {"held", record.dropped.size()}});
+    if (!held.empty()) records.push_back(accounting_record(p, std::move(held)));
   }
+  if (records.empty() && offsets.empty()) return;
+  begin();
+  for (const auto& record : records) {
+    auto bytes = encode_merge_record(record);
+    txn_->produce({.topic = topics_.merges(), .partition = static_cast<int32_t>(record.fragment % static_cast<uint32_t>(partitions_)),
+                   .key = std::to_string(record.fragment), .value = bytes},
+                  next_token_++, t_.produce_ms);
+  }
+  finish_transaction(offsets);
+  for (const auto& record : records)
+    log({{"event", "stop_record"}, {"fragment", record.fragment}, {"version", record.version}, {"held", record.dropped.size()}});
 }
 
 int MergerProcess::run() {
@@ -458,8 +597,8 @@ int MergerProcess::run() {
   {
     ConsumerOptions probe_options{.kafka = kafka};
     Consumer probe(probe_options);
-    partitions_ = probe.partition_count(topics_.merges(), 10000);
-    int state_partitions = probe.partition_count(topics_.state(), 10000);
+    partitions_ = probe.partition_count(topics_.merges(), t_.metadata_ms);
+    int state_partitions = probe.partition_count(topics_.state(), t_.metadata_ms);
     if (state_partitions != partitions_)
       throw InvalidInput(topics_.state() + " has " + std::to_string(state_partitions) + " partitions but " +
                          topics_.merges() + " has " + std::to_string(partitions_) + ": recreate the run's topics");
@@ -470,10 +609,10 @@ int MergerProcess::run() {
   ProducerOptions txn_options{.kafka = kafka, .transactional_id = "diloco." + o_.config.run.id + ".merger." + o_.instance_id,
                               .transaction_timeout_ms = 10000};
   txn_ = std::make_unique<Producer>(txn_options, [this](const DeliveryReport& r) {
-    if (!r.ok) recover_needed_ = true;
+    if (!r.ok) request_recovery(true);
     delivered_[r.token] = r;
   });
-  txn_->init_transactions(60000);
+  txn_->init_transactions(t_.init_transactions_ms);
   {
     ConsumerOptions members_options{.kafka = kafka};
     members_options.kafka.client_id = o_.instance_id + "-members";
@@ -494,8 +633,8 @@ int MergerProcess::run() {
   int exit_code = 0;
   try {
     while (!stop_) {
-      auto message = consumer_->poll(owned_.empty() ? 200 : 5);
-      if (message) handle_delta(*message);
+      int64_t timestamp_ms = 0;
+      if (consume(owned_.empty() ? t_.poll_idle_ms : t_.poll_owned_ms, &timestamp_ms)) catch_up(timestamp_ms);
       follow_members();
       auto live = live_learners();
       for (auto& [p, f] : owned_) {
@@ -510,32 +649,23 @@ int MergerProcess::run() {
           throw;
         } catch (const Error& e) {
           // The transaction did not commit: nothing of this merge is visible. Start over from
-          // the logs, the same path as a new owner.
+          // the logs, the same path as a new owner, and read every held delta again.
           std::cerr << "merger " << o_.instance_id << ": merge of fragment " << p << " failed, recovering: "
                     << e.what() << "\n";
           log({{"event", "merge_failed"}, {"fragment", p}, {"detail", e.what()}});
           try {
-            txn_->abort_transaction(30000);
+            txn_->abort_transaction(t_.abort_ms);
           } catch (const Fenced&) {
             throw;
           } catch (const Error&) {
             // Nothing open, or the broker is away: recovery below waits for it.
           }
-          recover_needed_ = true;
+          request_recovery(true);
           break;
         }
       }
       delivered_.clear();
-      while (recover_needed_ && !stop_) {
-        try {
-          recover_needed_ = false;
-          recover(assigned_);
-        } catch (const Unavailable& e) {
-          std::cerr << "merger " << o_.instance_id << ": broker unavailable, retrying recovery: " << e.what() << "\n";
-          recover_needed_ = true;
-          std::this_thread::sleep_for(std::chrono::seconds(1));
-        }
-      }
+      ensure_recovered();
       auto t = Clock::now();
       if (t - last_announce > std::chrono::duration<double>(o_.announce_interval_s)) {
         last_announce = t;
@@ -545,7 +675,7 @@ int MergerProcess::run() {
         last_republish = t;
         for (auto& [p, f] : owned_) publish(p);
       }
-      if (t - last_status > std::chrono::seconds(5)) {
+      if (t - last_status > std::chrono::milliseconds(t_.status_ms)) {
         last_status = t;
         nlohmann::json versions = nlohmann::json::object();
         for (const auto& [p, f] : owned_) versions[std::to_string(p)] = f.state.version;
@@ -554,7 +684,7 @@ int MergerProcess::run() {
         double lag = 0;
         for (const auto& [tp, next] : next_offset_) {
           try {
-            auto [low, high] = consumer_->watermarks(tp.first, tp.second, 2000);
+            auto [low, high] = consumer_->watermarks(tp.first, tp.second, t_.watermarks_ms);
             (void)low;
             double l = static_cast<double>(std::max<int64_t>(0, high - next));
             metrics_.set("consumer_lag", l, {{"topic", tp.first}, {"partition", std::to_string(tp.second)}});
@@ -571,14 +701,16 @@ int MergerProcess::run() {
       plain_->poll(0);
     }
     // Drain: deltas already in Kafka when the stop came are read and recorded as pending too,
-    // until the partitions stay quiet for half a second (bounded by 5 s).
-    auto drain_deadline = Clock::now() + std::chrono::seconds(5);
-    for (int quiet = 0; quiet < 10 && Clock::now() < drain_deadline;) {
-      if (auto message = consumer_->poll(50)) {
+    // until the partitions stay quiet for drain_quiet_ms (bounded by drain_ms).
+    auto drain_deadline = Clock::now() + std::chrono::milliseconds(t_.drain_ms);
+    auto quiet_since = Clock::now();
+    while (Clock::now() < drain_deadline &&
+           Clock::now() - quiet_since < std::chrono::milliseconds(t_.drain_quiet_ms)) {
+      auto message = consumer_->poll(t_.catch_up_poll_ms);
+      if (recover_needed_) break;  // the group moved partitions: the new owner reads them
+      if (message) {
         handle_delta(*message);
-        quiet = 0;
-      } else {
-        ++quiet;
+        quiet_since = Clock::now();
       }
     }
     stop_fragments();
@@ -589,12 +721,29 @@ int MergerProcess::run() {
     exit_code = 4;
   }
   announce(true);
-  plain_->flush(5000);
+  plain_->flush(t_.flush_ms);
   log({{"event", "stop"}, {"exit_code", exit_code}});
   return exit_code;
 }
 
 }  // namespace
+
+MergerFaults MergerFaults::from_environment() {
+  auto read = [](const char* name) {
+    const char* v = std::getenv(name);
+    if (!v || !*v) return 0;
+    try {
+      return std::stoi(v);
+    } catch (const std::exception&) {
+      throw InvalidInput(std::string(name) + " must be a number, not \"" + v + "\"");
+    }
+  };
+  MergerFaults f{.fail_commit = read("DILOCO_FAULT_FAIL_COMMIT"), .fail_recovery = read("DILOCO_FAULT_FAIL_RECOVERY")};
+  if (f.fail_commit || f.fail_recovery)
+    std::cerr << "diloco-merger: fault injection on (DILOCO_FAULT_FAIL_COMMIT=" << f.fail_commit
+              << ", DILOCO_FAULT_FAIL_RECOVERY=" << f.fail_recovery << "): for tests only\n";
+  return f;
+}
 
 int run_merger(const MergerOptions& options, const std::atomic<bool>& stop) {
   MergerProcess process(options, stop);

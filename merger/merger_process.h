@@ -15,6 +15,32 @@
 
 namespace diloco {
 
+// Every wait of the merger's loop, by name (milliseconds unless said).
+struct MergerTimeouts {
+  int poll_idle_ms = 200;       // consumer poll while no fragment is owned
+  int poll_owned_ms = 5;        // consumer poll while fragments are owned (merges are due)
+  // Catching up: while the deltas read are older than catch_up_age_ms (a backlog, e.g. after an
+  // outage), the merger keeps reading, up to catch_up_ms per loop turn, before it merges, so that
+  // a learner's newest delta on a base is the one merged and not the oldest.
+  int catch_up_age_ms = 1000;
+  int catch_up_poll_ms = 50;
+  int catch_up_ms = 2000;
+  int metadata_ms = 10000;      // partition counts at start-up
+  int init_transactions_ms = 60000;
+  int produce_ms = 30000;       // queueing a message when the producer's queue is full
+  int record_ack_ms = 60000;    // the merge record's delivery (the checkpoint names its offset)
+  int send_offsets_ms = 30000;
+  int commit_ms = 60000;
+  int abort_ms = 30000;
+  int committed_offsets_ms = 10000;  // the group's committed offsets, to rewind after a failure
+  int watermarks_ms = 2000;     // consumer-lag status queries
+  int recovery_retry_ms = 1000;
+  int status_ms = 5000;
+  int drain_ms = 5000;          // at a clean stop, reading deltas already in Kafka
+  int drain_quiet_ms = 500;
+  int flush_ms = 5000;
+};
+
 struct MergerOptions {
   RunConfig config;
   std::string instance_id = "merger-0";  // stable across restarts: it is the transactional id
@@ -25,6 +51,16 @@ struct MergerOptions {
   int metrics_port = 0;
   double announce_interval_s = 2;
   int session_timeout_ms = 10000;
+  MergerTimeouts timeouts;
+};
+
+// Fault injection for tests, from the environment (0: off): DILOCO_FAULT_FAIL_COMMIT=N makes the
+// Nth merge commit of the process fail after its records are produced (the transaction is
+// aborted), DILOCO_FAULT_FAIL_RECOVERY=N makes the Nth recovery fail as if the broker were away.
+struct MergerFaults {
+  int fail_commit = 0;
+  int fail_recovery = 0;
+  static MergerFaults from_environment();
 };
 
 // Runs until `stop`; returns the exit code (0 after a clean stop, 4 when fenced by a newer

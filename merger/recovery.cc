@@ -34,14 +34,33 @@ OuterHyper outer_hyper(const RunConfig& config) {
                     .adam_epsilon = static_cast<float>(m.adam_epsilon)};
 }
 
-void account(std::map<std::string, uint64_t>& accounted, const MergeRecord& record) {
-  auto note = [&](const DeltaRef& ref) {
-    auto& seq = accounted[ref.learner_id];
-    seq = std::max(seq, ref.seq);
+void account(FragmentState& state, const MergeRecord& record) {
+  auto raise = [](std::map<std::string, uint64_t>& by_learner, const std::string& learner, uint64_t value) {
+    auto& v = by_learner[learner];
+    v = std::max(v, value);
   };
-  for (const auto& in : record.inputs) note(in);
-  for (const auto& d : record.dropped)
-    if (d.reason != DropReason::PendingAtStop) note(d.delta);
+  for (const auto& in : record.inputs) {
+    state.recent.insert(in.position);
+    raise(state.accounted, in.learner_id, in.seq);
+    raise(state.merged_bases, in.learner_id, in.base_version);
+  }
+  for (const auto& d : record.dropped) {
+    if (d.reason == DropReason::PendingAtStop) continue;
+    state.recent.insert(d.delta.position);
+    if (d.reason != DropReason::Invalid) raise(state.accounted, d.delta.learner_id, d.delta.seq);
+  }
+}
+
+void prune_recent(FragmentState& state, std::span<const TopicPartitionOffset> committed) {
+  for (auto it = state.recent.begin(); it != state.recent.end();) {
+    auto c = std::find_if(committed.begin(), committed.end(), [&](const TopicPartitionOffset& tp) {
+      return tp.topic == it->topic && tp.partition == it->partition;
+    });
+    if (c != committed.end() && it->offset < c->offset)
+      it = state.recent.erase(it);
+    else
+      ++it;
+  }
 }
 
 std::string describe(const LogPosition& p) {
@@ -85,7 +104,7 @@ void apply_logged_merge(const LogContext& ctx, FragmentState& state, const Logge
                        std::to_string(r.prev_version) + " but fragment " + std::to_string(state.fragment) +
                        " is at version " + std::to_string(state.version));
   if (!is_merge(r)) {
-    account(state.accounted, r);
+    account(state, r);
     return;
   }
   std::vector<std::vector<DenseTensor>> tensors;
@@ -105,7 +124,9 @@ void apply_logged_merge(const LogContext& ctx, FragmentState& state, const Logge
                        std::to_string(r.checksum) + ": the logs are inconsistent (diloco-replay verify shows where)");
   next.consumed = state.consumed;
   next.accounted = std::move(state.accounted);
-  account(next.accounted, r);
+  next.merged_bases = std::move(state.merged_bases);
+  next.recent = std::move(state.recent);
+  account(next, r);
   next.last_merge = merge.position;
   state = std::move(next);
 }

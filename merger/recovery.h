@@ -54,7 +54,7 @@ inline bool is_merge(const MergeRecord& r) { return !r.inputs.empty(); }
 // Applies one logged merge to `state` (at version record.prev_version): fetches and decodes the
 // input deltas, re-runs merge_step with the record's rule, optimizer and weights, and checks the
 // result's checksum against the record. Updates `state` in place (version, params, momentum,
-// checksum, last_merge, accounted). Throws InvalidInput when a delta is missing or the checksum
+// checksum, last_merge, and the bookkeeping of account()). Throws InvalidInput when a delta is missing or the checksum
 // differs, naming the record's position.
 void apply_logged_merge(const LogContext& ctx, FragmentState& state, const LoggedMerge& merge);
 
@@ -80,9 +80,16 @@ void apply_logged_merge(const LogContext& ctx, FragmentState& state, const Logge
 // Throws InvalidInput when the record leaves a gap (it continues a version `state` never reached).
 bool continues_state(const FragmentState& state, const LoggedMerge& merge);
 
-// Updates `accounted` with what a record accounts for: its inputs and its final drops
-// (PendingAtStop deltas stay unaccounted: a later owner merges them).
-void account(std::map<std::string, uint64_t>& accounted, const MergeRecord& record);
+// Updates the bookkeeping of `state` with what a committed record accounts for: the positions of
+// its inputs and final drops join `recent` (PendingAtStop deltas stay out: a later owner merges
+// them); inputs raise their learner's merged base and accounted seq; drops other than Invalid
+// raise the accounted seq. A delta dropped as invalid changes no learner's bookkeeping, so a
+// forged delta carrying a real learner's id cannot silence that learner.
+void account(FragmentState& state, const MergeRecord& record);
+
+// Forgets the `recent` positions a consumer starting at `committed` (next offsets to read, per
+// delta partition) will not read again.
+void prune_recent(FragmentState& state, std::span<const TopicPartitionOffset> committed);
 
 struct RecoveredFragment {
   FragmentState state;          // the newest version the logs hold (or genesis)

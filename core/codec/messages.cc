@@ -198,17 +198,26 @@ std::vector<uint8_t> encode_fragment_state(const FragmentState& msg, int zstd_le
   for (const auto& p : msg.consumed) consumed.push_back(add_position(fbb, p));
   const auto consumed_vector = fbb.CreateVector(consumed);
   const auto last_merge = msg.last_merge ? add_position(fbb, *msg.last_merge) : 0;
-  std::vector<flatbuffers::Offset<wire::LearnerSeq>> accounted;
-  accounted.reserve(msg.accounted.size());
-  for (const auto& [learner, seq] : msg.accounted)
-    accounted.push_back(wire::CreateLearnerSeq(fbb, fbb.CreateString(learner), seq));
-  const auto accounted_vector = fbb.CreateVector(accounted);
+  auto learner_seqs = [&](const std::map<std::string, uint64_t>& by_learner) {
+    std::vector<flatbuffers::Offset<wire::LearnerSeq>> out;
+    out.reserve(by_learner.size());
+    for (const auto& [learner, seq] : by_learner)
+      out.push_back(wire::CreateLearnerSeq(fbb, fbb.CreateString(learner), seq));
+    return fbb.CreateVector(out);
+  };
+  const auto accounted_vector = learner_seqs(msg.accounted);
+  const auto merged_bases_vector = learner_seqs(msg.merged_bases);
+  std::vector<flatbuffers::Offset<wire::LogPosition>> recent;
+  recent.reserve(msg.recent.size());
+  for (const auto& p : msg.recent) recent.push_back(add_position(fbb, p));
+  const auto recent_vector = fbb.CreateVector(recent);
   const auto run_id = fbb.CreateString(msg.run_id);
   const uint64_t checksum = msg.checksum ? msg.checksum : checksum_fp32(msg.params);
   const auto root =
       wire::CreateFragmentState(fbb, kSchemaVersion, run_id, msg.fingerprint, msg.fragment,
                                 msg.version, params, momentum, consumed_vector, last_merge,
-                                checksum, accounted_vector, outer_state);
+                                checksum, accounted_vector, outer_state, merged_bases_vector,
+                                recent_vector);
   wire::FinishFragmentStateBuffer(fbb, root);
   return compress_finished(fbb, zstd_level);
 }
@@ -228,14 +237,20 @@ FragmentState decode_fragment_state(std::span<const uint8_t> bytes, const Decode
   if (m.consumed())
     for (const auto* p : *m.consumed()) out.consumed.push_back(read_position(p, "consumed"));
   if (m.last_merge()) out.last_merge = read_position(m.last_merge(), "last_merge");
-  if (m.accounted()) {
-    for (const auto* a : *m.accounted()) {
+  auto read_learner_seqs = [](const auto* list, const char* field, std::map<std::string, uint64_t>& into) {
+    if (!list) return;
+    for (const auto* a : *list) {
       if (!a->learner_id() || a->learner_id()->size() == 0)
-        throw Rejection(RejectReason::MissingField, "FragmentState.accounted: learner id missing");
-      check_counter(a->seq(), "accounted seq");
-      out.accounted[a->learner_id()->str()] = a->seq();
+        throw Rejection(RejectReason::MissingField,
+                        detail::concat("FragmentState.", field, ": learner id missing"));
+      check_counter(a->seq(), field);
+      into[a->learner_id()->str()] = a->seq();
     }
-  }
+  };
+  read_learner_seqs(m.accounted(), "accounted", out.accounted);
+  read_learner_seqs(m.merged_bases(), "merged_bases", out.merged_bases);
+  if (m.recent())
+    for (const auto* p : *m.recent()) out.recent.insert(read_position(p, "recent"));
   decode_tensors(m.params(), specs, kStateCodec, "params", out.params);
   // No momentum (an optimizer without one) is an empty list; otherwise it mirrors params.
   if (m.momentum() && m.momentum()->size() != 0)

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <map>
+#include <set>
 #include <optional>
 #include <span>
 #include <string>
@@ -49,6 +50,7 @@ struct LogPosition {
   int32_t partition = -1;
   int64_t offset = -1;
   bool operator==(const LogPosition&) const = default;
+  auto operator<=>(const LogPosition&) const = default;
 };
 
 // ---- Delta ----------------------------------------------------------------------------------
@@ -193,8 +195,15 @@ struct FragmentState {
   std::vector<LogPosition> consumed;
   std::optional<LogPosition> last_merge;
   uint64_t checksum = 0;  // checksum_fp32 of params; filled in by the encoder when 0
-  // learner id -> newest delta seq accounted for by a committed merge record (merged or dropped).
+  // learner id -> newest delta seq accounted for by a committed merge record (merged, or dropped
+  // for a reason other than being invalid). Informational: re-reads are found by position.
   std::map<std::string, uint64_t> accounted;
+  // learner id -> newest base version merged from that learner (a newer delta of it on such a
+  // base repeats merged progress and is superseded).
+  std::map<std::string, uint64_t> merged_bases;
+  // Positions of deltas that committed records account for and that a consumer starting at the
+  // committed offsets would read again (at or after them): they are skipped as re-reads.
+  std::set<LogPosition> recent;
 };
 
 std::vector<uint8_t> encode_fragment_state(const FragmentState& msg, int zstd_level = 1);

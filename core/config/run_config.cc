@@ -218,6 +218,7 @@ void parse_merger(const Section& s, RunConfig& c) {
     else if (key == "grace_cap_seconds") read(f, m.grace_cap_seconds);
     else if (key == "staleness_alpha") read(f, m.staleness_alpha);
     else if (key == "max_staleness") read(f, m.max_staleness);
+    else if (key == "max_norm_ratio") read(f, m.max_norm_ratio);
     else if (key == "outer_lr") read(f, m.outer_lr);
     else if (key == "outer_momentum") read(f, m.outer_momentum);
     else if (key == "share_scaling") read(f, m.share_scaling);
@@ -404,6 +405,8 @@ void validate_run_config(const RunConfig& c) {
 
   const auto& m = c.merger;
   check(m.quorum >= 1, c, "merger.quorum must be at least 1");
+  check(m.max_norm_ratio == 0 || m.max_norm_ratio >= 1, c,
+        "merger.max_norm_ratio must be 0 (no bound) or at least 1, not " + std::to_string(m.max_norm_ratio));
   check(m.grace_gamma >= 0 && m.grace_tau >= 0 && m.grace_cap_steps >= 0 && m.grace_cap_seconds >= 0, c,
         "merger.grace_gamma, grace_tau, grace_cap_steps and grace_cap_seconds must not be negative");
   check(m.staleness_alpha >= 0, c, "merger.staleness_alpha must not be negative");

@@ -97,6 +97,9 @@ struct MergerConfig {
   double grace_cap_seconds = 30;     // nor this many seconds
   double staleness_alpha = 0;        // weight factor (1 + staleness)^-alpha; 0 is the paper
   int64_t max_staleness = -1;        // drop deltas staler than this; -1: no limit
+  // Drop a delta whose L2 norm is above this many times the median of the fragment's recent
+  // accepted deltas (the last 16, once there are 4); 0: no bound.
+  double max_norm_ratio = 100;
   double outer_lr = 0.7;
   double outer_momentum = 0.9;
   // Scale each merge's outer update by its share of a round (learners merged / learners live),

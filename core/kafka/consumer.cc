@@ -135,6 +135,21 @@ std::vector<TopicPartitionOffset> Consumer::committed(const std::vector<TopicPar
   return to_offsets(list.items);
 }
 
+void Consumer::rewind_to_committed(int timeout_ms) {
+  const auto offsets = committed(assignment(), timeout_ms);
+  const int64_t reset = options_.auto_offset_reset == "latest" ? RdKafka::Topic::OFFSET_END
+                                                                : RdKafka::Topic::OFFSET_BEGINNING;
+  for (const auto& tp : offsets) {
+    std::unique_ptr<RdKafka::TopicPartition> partition(
+        RdKafka::TopicPartition::create(tp.topic, tp.partition, tp.offset >= 0 ? tp.offset : reset));
+    RdKafka::ErrorCode err = consumer_->seek(*partition, timeout_ms);
+    if (err)
+      throw Unavailable("rewinding " + tp.topic + "[" + std::to_string(tp.partition) + "] to offset " +
+                        std::to_string(tp.offset) + ": " + RdKafka::err2str(err));
+  }
+  ended_.clear();
+}
+
 void Consumer::assign(const std::vector<TopicPartitionOffset>& partitions) {
   PartitionList list(partitions);
   RdKafka::ErrorCode err = consumer_->assign(list.items);

@@ -67,6 +67,11 @@ class Consumer {
   std::vector<TopicPartitionOffset> committed(const std::vector<TopicPartitionOffset>& partitions,
                                               int timeout_ms);
 
+  // Moves every assigned partition back to the group's committed offset (auto_offset_reset where
+  // none is committed yet), dropping what was fetched beyond it: after in-memory state that
+  // consumed messages is thrown away, they are read again. Throws Unavailable when the committed
+  // offsets cannot be fetched or a seek fails.
+  void rewind_to_committed(int timeout_ms);
   // Group-less reading: assign exactly these partitions at these offsets (-2 = beginning).
   void assign(const std::vector<TopicPartitionOffset>& partitions);
   std::vector<TopicPartitionOffset> assignment();

@@ -9,9 +9,11 @@
 #include <cstdlib>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "core/errors.h"
+#include "core/kafka/consumer.h"
 #include "core/kafka/options.h"
 #include "core/kafka/topics.h"
 
@@ -42,12 +44,24 @@ inline std::string unique_run_id(const std::string& prefix) {
   return prefix + "-" + std::to_string(now % 100000000) + "-" + std::to_string(rd() % 10000);
 }
 
-// Creates the run's topics from broker_config/topics.def.
+// Creates the run's topics from broker_config/topics.def and waits until the broker's metadata
+// shows them (a broker that just started can answer CreateTopics before its metadata has them).
 inline RunTopics create_run(const KafkaOptions& options, const std::string& run_id,
                             const std::vector<std::string>& regions, int partitions) {
-  create_topics(options,
-                run_topic_specs(builtin_topic_definitions(), run_id, regions, partitions, options.max_message_bytes),
-                30000);
+  const auto specs = run_topic_specs(builtin_topic_definitions(), run_id, regions, partitions, options.max_message_bytes);
+  create_topics(options, specs, 30000);
+  Consumer probe(ConsumerOptions{.kafka = options});
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  for (const auto& spec : specs)
+    for (;;) {
+      try {
+        if (probe.partition_count(spec.name, 5000) == spec.partitions) break;
+      } catch (const InvalidInput&) {
+        // not in the metadata yet
+      }
+      if (std::chrono::steady_clock::now() > deadline) FAIL("topic " << spec.name << " not in the metadata after 30 s");
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
   return RunTopics{run_id};
 }
 

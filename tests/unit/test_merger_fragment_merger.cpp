@@ -7,6 +7,7 @@
 
 #include "core/errors.h"
 #include "merger/fragment_merger.h"
+#include "merger/recovery.h"
 #include "merger/weighting.h"
 
 using namespace diloco;
@@ -274,7 +275,6 @@ TEST_CASE("calls in the wrong state throw InternalError", "[merger]") {
   REQUIRE(m.poll(1.0, kNobody, window));
   CHECK_THROWS_AS(m.merge_committed(6), InternalError);
   CHECK_THROWS_AS(m.published(1.0), InternalError);
-  CHECK_THROWS_AS(m.replayed(MergeRecord{}), InternalError);
   m.take_merge_inputs(1.0);
   CHECK_THROWS_AS(m.take_merge_inputs(1.0), InternalError);
   CHECK_THROWS_AS(m.published(1.0), InternalError);
@@ -486,55 +486,97 @@ TEST_CASE("stop hands back every delta no record accounts for", "[merger]") {
   }
 }
 
-TEST_CASE("recovery replays logged merges into the bookkeeping", "[merger]") {
-  FragmentMerger m(2, 5, hyper(1), 0.0);
+TEST_CASE("a merger built from a state's merged bases does not merge a learner's progress twice", "[merger]") {
+  // What recovery at a checkpoint rebuilds: the records after it, applied with account(), and the
+  // merged bases the checkpoint kept.
+  FragmentState state;
+  state.fragment = 2;
+  state.version = 6;
+  state.merged_bases = {{"a", 5}};
   MergeRecord record;
   record.fragment = 2;
-  record.prev_version = 5;
-  record.version = 6;
-  record.inputs = {ref("a", 1, 5, 1), ref("b", 1, 3, 2)};
-  m.replayed(record);
-  CHECK(m.version() == 6);
-  CHECK(m.state() == MergerState::Collecting);
-  // The replayed merge is remembered: a re-read delta of a merged base is not merged again.
-  CHECK(m.offer(ref("a", 1, 5, 1), tensors(1), 0.0)->reason == DropReason::Superseded);
-  CHECK(m.offer(ref("b", 2, 2, 3), tensors(1), 0.0)->reason == DropReason::Superseded);
-  CHECK_FALSE(m.offer(ref("b", 3, 6, 4), tensors(1), 0.0));
+  record.prev_version = 6;
+  record.version = 7;
+  record.inputs = {ref("b", 1, 3, 2)};
+  record.dropped = {{ref("c", 4, 6, 3), DropReason::TooStale, ""},
+                    {ref("a", 9000, 99, 4), DropReason::Invalid, "base from the future"},
+                    {ref("d", 1, 6, 5), DropReason::PendingAtStop, ""}};
+  account(state, record);
+  CHECK(state.merged_bases == std::map<std::string, uint64_t>{{"a", 5}, {"b", 3}});
+  // An invalid drop raises no learner's bookkeeping; a pending one is not accounted at all.
+  CHECK(state.accounted == std::map<std::string, uint64_t>{{"b", 1}, {"c", 4}});
+  CHECK(state.recent == std::set<LogPosition>{{kTopic, 0, 2}, {kTopic, 0, 3}, {kTopic, 0, 4}});
+  prune_recent(state, std::vector<TopicPartitionOffset>{{kTopic, 0, 4}, {"other", 0, 100}});
+  CHECK(state.recent == std::set<LogPosition>{{kTopic, 0, 4}});
 
-  FragmentMerger fresh(2, 5, hyper(1), 0.0);
-  MergeRecord wrong = record;
-  wrong.prev_version = 4;
-  wrong.version = 5;
-  CHECK_THROWS_AS(fresh.replayed(wrong), InternalError);
-  wrong = record;
-  wrong.fragment = 3;
-  CHECK_THROWS_AS(fresh.replayed(wrong), InternalError);
-  wrong = record;
-  wrong.version = 8;
-  CHECK_THROWS_AS(fresh.replayed(wrong), InternalError);
-  // Only before any delta is offered.
-  fresh.offer(ref("c", 1, 5, 9), tensors(1), 0.0);
-  CHECK_THROWS_AS(fresh.replayed(record), InternalError);
+  FragmentMerger m(2, 7, hyper(1), 0.0, state.merged_bases);
+  CHECK(m.offer(ref("a", 10, 5, 6), tensors(1), 0.0)->reason == DropReason::Superseded);
+  CHECK(m.offer(ref("b", 2, 3, 7), tensors(1), 0.0)->reason == DropReason::Superseded);
+  CHECK_FALSE(m.offer(ref("b", 3, 7, 8), tensors(1), 0.0));
+  CHECK_FALSE(m.offer(ref("a", 11, 6, 9), tensors(1), 0.0));
+  // Without the merged bases (a checkpoint that did not keep them) learner a's base-5 progress
+  // would be merged a second time.
+  FragmentMerger forgetful(2, 7, hyper(1), 0.0);
+  CHECK_FALSE(forgetful.offer(ref("a", 10, 5, 6), tensors(1), 0.0));
 }
 
-TEST_CASE("recovery accepts accounting-only records, which keep the version", "[merger]") {
-  FragmentMerger m(2, 6, hyper(1), 0.0);
-  MergeRecord stop_record;  // what a clean stop writes: drops and pending deltas, no inputs
-  stop_record.fragment = 2;
-  stop_record.prev_version = 6;
-  stop_record.version = 6;
-  stop_record.dropped = {{ref("a", 1, 6, 1), DropReason::PendingAtStop, ""}};
-  m.replayed(stop_record);
-  CHECK(m.version() == 6);
-  CHECK_FALSE(m.offer(ref("a", 1, 6, 1), tensors(1), 0.0));  // a pending delta merges later
+TEST_CASE("of two pending deltas of a learner the higher base wins, even with a lower seq", "[merger]") {
+  // A learner restarted on a host whose clock is behind: lower seqs, but it adopted version 6.
+  FragmentMerger m(0, 6, hyper(2), 0.0);
+  CHECK_FALSE(m.offer(ref("a", 5000, 5, 1), tensors(1), 0.0));
+  const auto dropped = m.offer(ref("a", 40, 6, 2), tensors(2), 0.0);
+  REQUIRE(dropped);
+  CHECK(dropped->delta.seq == 5000);
+  const auto late = m.offer(ref("a", 6000, 5, 3), tensors(3), 0.0);
+  REQUIRE(late);
+  CHECK(late->delta.seq == 6000);
+  CHECK(late->detail.find("older than the pending delta (base 6") != std::string::npos);
+}
 
-  FragmentMerger other(2, 6, hyper(1), 0.0);
-  stop_record.version = 7;  // a version change needs inputs
-  CHECK_THROWS_AS(other.replayed(stop_record), InternalError);
-  MergeRecord merge;
-  merge.fragment = 2;
-  merge.prev_version = 6;
-  merge.version = 6;  // inputs need a version change
-  merge.inputs = {ref("b", 1, 6, 2)};
-  CHECK_THROWS_AS(other.replayed(merge), InternalError);
+TEST_CASE("well-formed deltas that do not fit the run are dropped as invalid and never become pending", "[merger]") {
+  InputBounds bounds{.tokens_per_step = 10, .max_norm_ratio = 100, .norm_window = 16, .norm_min = 4};
+  FragmentMerger m(0, 5, hyper(9), 0.0, {}, bounds);  // quorum 9: nothing merges here
+  // ref() says 100 tokens in 10 steps: 10 per step fits; 11 per step does not.
+  DeltaRef wrong_tokens = ref("a", 1, 5, 1);
+  wrong_tokens.tokens = 110;
+  const auto tokens = m.offer(wrong_tokens, tensors(1), 0.0);
+  REQUIRE(tokens);
+  CHECK(tokens->reason == DropReason::Invalid);
+  CHECK(tokens->detail.find("110 tokens in 10 inner steps") != std::string::npos);
+  CHECK(m.pending_learners() == 0);
+
+  // The norm bound applies once 4 deltas were accepted: norm of tensors(v) is v * sqrt(2).
+  for (int i = 0; i < 4; ++i) CHECK_FALSE(m.offer(ref("l" + std::to_string(i), 1, 5, 10 + i), tensors(1.0f + 0.1f * i), 0.0));
+  CHECK_FALSE(m.offer(ref("b", 1, 5, 20), tensors(90), 0.0));  // 90x the median: within 100x
+  const auto huge = m.offer(ref("c", 1, 5, 21), tensors(1e6f), 0.0);
+  REQUIRE(huge);
+  CHECK(huge->reason == DropReason::Invalid);
+  CHECK(huge->detail.find("merger.max_norm_ratio") != std::string::npos);
+  CHECK(m.pending_learners() == 5);
+
+  // Off: no bound at all.
+  FragmentMerger open(0, 5, hyper(9), 0.0);
+  for (int i = 0; i < 4; ++i) open.offer(ref("l" + std::to_string(i), 1, 5, 10 + i), tensors(1), 0.0);
+  CHECK_FALSE(open.offer(ref("c", 1, 5, 21), tensors(1e6f), 0.0));
+  DeltaRef any_tokens = ref("d", 1, 5, 22);
+  any_tokens.tokens = 7;
+  CHECK_FALSE(open.offer(any_tokens, tensors(1), 0.0));
+}
+
+TEST_CASE("an abandoned merge merges nothing: the inputs come back as invalid drops and their bases are not merged",
+          "[merger]") {
+  FragmentMerger m(0, 5, hyper(1), 0.0, {{"a", 2}});
+  m.offer(ref("a", 7, 4, 1), tensors(1), 0.0);
+  REQUIRE(m.poll(0.0, kNobody, kNoGrace));
+  CHECK_THROWS_AS(m.merge_abandoned("x", 0.0), InternalError);  // nothing taken yet
+  m.take_merge_inputs(0.0);
+  const auto dropped = m.merge_abandoned("the merge result is not finite", 1.0);
+  REQUIRE(dropped.size() == 1);
+  CHECK(dropped[0].delta.seq == 7);
+  CHECK(dropped[0].reason == DropReason::Invalid);
+  CHECK(m.state() == MergerState::Collecting);
+  CHECK(m.version() == 5);
+  // Base 4 of learner a was not merged: a later delta on it may still be.
+  CHECK_FALSE(m.offer(ref("a", 8, 4, 2), tensors(1), 2.0));
+  CHECK(m.offer(ref("a", 9, 2, 3), tensors(1), 2.0)->reason == DropReason::Superseded);
 }

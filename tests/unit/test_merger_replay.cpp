@@ -14,6 +14,7 @@
 #include "core/codec/messages.h"
 #include "merger/fragment_merger.h"
 #include "merger/merge_step.h"
+#include "merger/recovery.h"
 #include "merger/outer_optimizer.h"
 #include "merger/weighting.h"
 
@@ -191,10 +192,10 @@ TEST_CASE("every version is rebuilt bit for bit from the logged merges", "[merge
   }
 
   SECTION("a recovered merger carries on from the log") {
-    // Recovery at the checkpoint: replay the records after it into a fresh merger.
-    const uint64_t checkpoint = 4;
-    FragmentMerger recovered(1, checkpoint, options.hyper, 100.0);
-    for (size_t r = checkpoint; r < log.records.size(); ++r) recovered.replayed(log.records[r]);
+    // Recovery: the bookkeeping of every record (kept in checkpoints, rebuilt after them).
+    FragmentState bookkeeping;
+    for (const auto& record : log.records) account(bookkeeping, record);
+    FragmentMerger recovered(1, log.records.back().version, options.hyper, 100.0, bookkeeping.merged_bases);
     CHECK(recovered.version() == state.version);
     // Re-reading the last merged delta of a learner does not merge it again.
     const DeltaRef again = log.records.back().inputs.front();

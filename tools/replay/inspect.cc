@@ -179,11 +179,14 @@ nlohmann::json merge_record_json(const MergeRecord& r) {
 nlohmann::json state_json(const FragmentState& s, const FragmentLayout& layout, int first_values) {
   nlohmann::json consumed = nlohmann::json::array();
   for (const auto& c : s.consumed) consumed.push_back(position_json(c));
+  nlohmann::json recent = nlohmann::json::array();
+  for (const auto& r : s.recent) recent.push_back(position_json(r));
   return {{"run_id", s.run_id}, {"fingerprint", s.fingerprint}, {"fragment", s.fragment},
           {"version", s.version}, {"checksum", s.checksum}, {"momentum_checksum", checksum_fp32(s.momentum)},
           {"outer_state_checksum", checksum_fp32(s.outer_state)},
           {"last_merge", s.last_merge ? position_json(*s.last_merge) : nlohmann::json()},
           {"consumed", consumed}, {"accounted", s.accounted},
+          {"merged_bases", s.merged_bases}, {"recent", recent},
           {"params", tensor_summaries(s.params, layout.fragments.at(s.fragment), first_values)},
           {"momentum_l2_norm", l2_norm(s.momentum)}};
 }

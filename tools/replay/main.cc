@@ -59,8 +59,10 @@ int main(int argc, char** argv) {
       "One line per delta: topic, partition, offset, learner, region, fragment, base version, seq, inner\n"
       "steps, tokens, L2 norm, wire bytes, codec dtype and fate: merged into version v (w: its share of\n"
       "the merge, s: staleness), dropped with its reason, pending (held at a merger's clean stop),\n"
-      "unaccounted (no merge record names it yet), or rejected with the strict decoder's reason (learner\n"
-      "and fragment then from its plain-text headers). --json also has the raw recorded weight.\n"
+      "rejected by a merger with its reason (the run's rejected topic, e.g. wrong_partition), rejected\n"
+      "with the strict decoder's reason (learner and fragment then from its plain-text headers), or\n"
+      "unaccounted: no record names it, which after a clean stop means a lost delta. --json also has\n"
+      "the raw recorded weight.\n"
       "Example: diloco-replay -c configs/tiny.toml list --topic eu --since -10m --json\n");
   list->add_option("--topic", list_o.topics, "delta topic or region name (repeatable; default: every region)");
   list->add_option("--partition", list_o.partition, "only this partition");

@@ -67,21 +67,25 @@ using OnRejected = std::function<void(const LogPosition&, const std::string&)>;
 // ---- what became of each delta (from the merge records) -------------------------------------
 
 struct DeltaFate {
-  enum class Kind { Unaccounted, Merged, Dropped, Pending };
+  enum class Kind { Unaccounted, Merged, Dropped, Pending, Rejected };
   Kind kind = Kind::Unaccounted;
   uint64_t version = 0;    // Merged: the version it went into
   double weight = 0;       // Merged: raw weight, as recorded
   double share = 0;        // Merged: its share of that merge (weights normalised to sum 1)
   uint64_t staleness = 0;  // Merged and Dropped
   DropReason reason = DropReason::None;  // Dropped, Pending (PendingAtStop)
+  std::string rejected_reason;             // Rejected: the merger's reason (`rejected` topic)
+  std::string rejected_by;                 // Rejected: the merger instance
   std::string detail;
-  LogPosition record;      // the merge record that says so
+  LogPosition record;      // the merge record that says so (Rejected: the `rejected` entry)
 };
 const char* fate_kind_name(DeltaFate::Kind kind);
 
 // Fates of the deltas named by the merge records of the given partitions of `merges` (a delta in
 // delta partition i is accounted for in merges partition i). A later record overrides an earlier
-// "pending at stop". Undecodable records are reported to `rejected` and skipped.
+// "pending at stop". Deltas a merger rejected before any record could name them (wrong partition,
+// failed strict decoding) are read from the run's `rejected` topic. Undecodable records are
+// reported to `rejected` and skipped.
 std::map<Position, DeltaFate> delta_fates(const ReplayRun& run, const std::vector<int32_t>& partitions,
                                           const OnRejected& rejected);
 

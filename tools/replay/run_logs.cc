@@ -288,6 +288,7 @@ const char* fate_kind_name(DeltaFate::Kind kind) {
     case DeltaFate::Kind::Merged: return "merged";
     case DeltaFate::Kind::Dropped: return "dropped";
     case DeltaFate::Kind::Pending: return "pending";
+    case DeltaFate::Kind::Rejected: return "rejected";
   }
   return "unknown";
 }
@@ -308,6 +309,11 @@ nlohmann::json fate_json(const DeltaFate& fate) {
       out["detail"] = fate.detail;
       out["staleness"] = fate.staleness;
       break;
+    case DeltaFate::Kind::Rejected:
+      out["reason"] = fate.rejected_reason;
+      out["detail"] = fate.detail;
+      out["rejected_by"] = fate.rejected_by;
+      break;
   }
   out["record"] = position_json(fate.record);
   return out;
@@ -324,6 +330,19 @@ std::map<Position, DeltaFate> delta_fates(const ReplayRun& run, const std::vecto
                                           const OnRejected& rejected) {
   const LogContext ctx = run.context();
   std::map<Position, DeltaFate> out;
+  read_partitions_to_end(
+      run.kafka, {{ctx.topics.rejected(), 0, -2}},
+      [&](const ConsumedMessage& m) {
+        try {
+          RejectedInput r = decode_rejected(m.value, ctx.limits);
+          out[position_key(r.source)] = DeltaFate{.kind = DeltaFate::Kind::Rejected, .rejected_reason = r.reason,
+                                                  .rejected_by = r.rejected_by, .detail = r.detail,
+                                                  .record = {m.topic, m.partition, m.offset}};
+        } catch (const Rejection& e) {
+          if (rejected) rejected({m.topic, m.partition, m.offset}, e.what());
+        }
+      },
+      run.timeout_ms);
   for (int32_t partition : partitions)
     for (const auto& [record, position] : read_merges(ctx, partition, -2, rejected)) {
       double total = 0;

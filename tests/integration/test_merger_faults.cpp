@@ -1,0 +1,241 @@
+// The merger's fault paths, each against the real broker with hand-made deltas and a real merger
+// process: a merge whose commit fails, a recovery that fails, a restart at a checkpoint before a
+// learner adopted it, a backlog of one learner's deltas after an outage, a forged delta carrying a
+// real learner's id, a duplicate, and a delta in the wrong partition. Every case ends with the
+// audit of the whole run (tests/integration/run_audit.h).
+#include <catch2/catch.hpp>
+
+#include <cstdlib>
+#include <memory>
+
+#include "core/kafka/consumer.h"
+#include "core/kafka/producer.h"
+#include "tests/integration/child_process.h"
+#include "tests/integration/run_audit.h"
+#include "tests/integration/run_fixture.h"
+
+using namespace diloco;
+using namespace std::chrono_literals;
+
+namespace {
+
+constexpr int kPartitions = 2;  // tiny has 4 fragments: 0 and 2 in partition 0, 1 and 3 in 1
+
+struct FaultRun {
+  KafkaOptions kafka = testing::require_broker();
+  std::string run;
+  RunTopics topics;
+  std::string dir;
+  RunConfig config;
+  ModelSetup setup;
+  std::vector<std::string> sets;
+
+  FaultRun(const std::string& name, std::vector<std::string> extra)
+      : run(testing::unique_run_id(name)), topics(testing::create_run(kafka, run, {"r0"}, kPartitions)),
+        dir(testing::temp_dir(name)), config(testing::tiny_config(run, extra)), setup(build_model(config)) {
+    sets = {"--set", "run.id=\"" + run + "\""};
+    for (const auto& e : extra) sets.insert(sets.end(), {"--set", e});
+  }
+
+  // A merger process; `faults` are DILOCO_FAULT_* variables for this child only.
+  std::unique_ptr<testing::ChildProcess> merger(const std::string& id,
+                                                const std::vector<std::pair<std::string, std::string>>& faults = {}) {
+    std::vector<std::string> args = {testing::merger_binary(), "-c", testing::tiny_config_path(), "--id", id,
+                                     "--bootstrap", kafka.bootstrap_servers, "--run-dir", dir + "/" + id,
+                                     "--session-timeout-ms", "6000"};
+    args.insert(args.end(), sets.begin(), sets.end());
+    for (const auto& [k, v] : faults) setenv(k.c_str(), v.c_str(), 1);
+    auto child = std::make_unique<testing::ChildProcess>(args, dir + "/" + id + ".log");
+    for (const auto& [k, v] : faults) unsetenv(k.c_str());
+    return child;
+  }
+
+  // A well-formed fp32 delta of `fragment` from `learner` (every value `value`).
+  std::vector<uint8_t> delta(const std::string& learner, uint32_t fragment, uint64_t seq, uint64_t base,
+                             float value = 1e-3f) const {
+    DeltaHeader h{.run_id = run, .fingerprint = setup.layout.fingerprint, .learner_id = learner, .region = "r0",
+                  .fragment = fragment, .seq = seq, .base_version = base, .inner_steps = 10,
+                  .tokens = static_cast<uint64_t>(10 * config.train.batch * config.model.context), .learner_step = seq};
+    auto tensors = fragment_tensors(setup.model, setup.layout, fragment);
+    for (auto& t : tensors) std::fill(t.values.begin(), t.values.end(), value);
+    return encode_delta(h, std::span<const DenseTensor>(tensors), CodecOptions{.dtype = DType::F32});
+  }
+
+  // Sends each payload to partition `partition` of the region topic, in order.
+  void send(const std::vector<std::pair<int32_t, std::vector<uint8_t>>>& payloads) const {
+    Producer producer({.kafka = kafka}, nullptr);
+    for (const auto& [partition, value] : payloads)
+      producer.produce({.topic = topics.deltas("r0"), .partition = partition, .key = "", .value = value}, 0, 10000);
+    REQUIRE(producer.flush(20000) == 0);
+  }
+
+  std::vector<MergeRecord> records() const {
+    DecodeLimits limits{.run_id = run, .fingerprint = setup.layout.fingerprint, .layout = &setup.layout};
+    std::vector<MergeRecord> out;
+    read_to_end(kafka, {topics.merges()}, [&](const ConsumedMessage& m) { out.push_back(decode_merge_record(m.value, limits)); },
+                30000);
+    return out;
+  }
+  // Merge records (with inputs) of one fragment.
+  std::vector<MergeRecord> merges_of(uint32_t fragment) const {
+    std::vector<MergeRecord> out;
+    for (auto& r : records())
+      if (r.fragment == fragment && !r.inputs.empty()) out.push_back(std::move(r));
+    return out;
+  }
+  // Every drop of one fragment's records, with its reason.
+  std::vector<DroppedDelta> drops_of(uint32_t fragment) const {
+    std::vector<DroppedDelta> out;
+    for (auto& r : records())
+      if (r.fragment == fragment)
+        for (auto& d : r.dropped) out.push_back(std::move(d));
+    return out;
+  }
+  size_t count(const std::string& id, const std::string& event) const {
+    size_t n = 0;
+    for (const auto& j : testing::read_json_lines(dir + "/" + id + "/metrics.jsonl"))
+      if (j.value("event", "") == event) ++n;
+    return n;
+  }
+  void wait_genesis(const std::string& id) const {
+    REQUIRE(testing::eventually([&] { return count(id, "genesis") == setup.layout.num_fragments(); }, 60s));
+  }
+  void stop_and_audit(testing::ChildProcess& merger) const {
+    merger.signal(SIGTERM);
+    auto code = merger.wait_exit(60s);
+    INFO(merger.log());
+    REQUIRE(code.has_value());
+    CHECK(*code == 0);
+    auto audit = testing::audit_run(kafka, config, {"r0"});
+    INFO(audit.report());
+    CHECK(audit.ok());
+  }
+};
+
+}  // namespace
+
+TEST_CASE("a merge whose commit fails and a recovery that fails lose no delta: the merger rebuilds and reads them again",
+          "[merger][faults]") {
+  FaultRun r("fail-commit", {"merger.quorum=1"});
+  // The first recovery (at the assignment) and the first merge commit fail.
+  auto merger = r.merger("M0", {{"DILOCO_FAULT_FAIL_RECOVERY", "1"}, {"DILOCO_FAULT_FAIL_COMMIT", "1"}});
+  r.wait_genesis("M0");
+  CHECK(r.count("M0", "recovery_failed") == 1);
+  r.send({{0, r.delta("a", 0, 1, 0)}, {0, r.delta("b", 2, 1, 0)}});
+  INFO(merger->log());
+  REQUIRE(testing::eventually([&] { return r.merges_of(0).size() == 1 && r.merges_of(2).size() == 1; }, 60s));
+  CHECK(r.count("M0", "merge_failed") == 1);
+  CHECK(r.count("M0", "rewound") == 1);
+  // The later deltas merge on top, and nothing is merged twice.
+  r.send({{0, r.delta("a", 0, 2, 1)}, {0, r.delta("b", 2, 2, 1)}});
+  REQUIRE(testing::eventually([&] { return r.merges_of(0).size() == 2 && r.merges_of(2).size() == 2; }, 60s));
+  CHECK(merger->running());
+  r.stop_and_audit(*merger);
+}
+
+TEST_CASE("a merger restarted at a checkpoint does not merge a learner's progress on that base again",
+          "[merger][faults][recovery]") {
+  FaultRun r("ckpt-base", {"merger.quorum=1", "merger.checkpoint_every=1"});
+  auto merger = r.merger("M0");
+  r.wait_genesis("M0");
+  r.send({{0, r.delta("a", 0, 1, 0)}});
+  REQUIRE(testing::eventually([&] { return r.merges_of(0).size() == 1; }, 60s));
+  merger->signal(SIGKILL);
+  merger->wait_exit(30s);
+  // Learner a has not adopted version 1 yet: its next delta is still on base 0 and contains the
+  // merged progress.
+  r.send({{0, r.delta("a", 0, 2, 0)}});
+  merger = r.merger("M0");
+  INFO(merger->log());
+  REQUIRE(testing::eventually([&] { return r.count("M0", "recovered") == 2 * r.setup.layout.num_fragments(); }, 60s));
+  std::this_thread::sleep_for(2s);  // time to read the delta and (wrongly) merge it
+  r.stop_and_audit(*merger);  // the drop is in the clean stop's record
+  CHECK(r.merges_of(0).size() == 1);
+  std::map<uint64_t, DropReason> drops;
+  for (const auto& d : r.drops_of(0)) drops[d.delta.seq] = d.reason;
+  CHECK(drops.count(2));
+  CHECK(drops[2] == DropReason::Superseded);
+}
+
+TEST_CASE("after an outage a learner's newest delta on a base is merged, not its oldest", "[merger][faults]") {
+  FaultRun r("backlog", {"merger.quorum=1"});
+  r.send({{0, r.delta("a", 0, 1, 0)}, {0, r.delta("a", 0, 2, 0)}, {0, r.delta("a", 0, 3, 0)}});
+  std::this_thread::sleep_for(1500ms);  // older than the merger's catch-up age: a backlog
+  auto merger = r.merger("M0");
+  INFO(merger->log());
+  REQUIRE(testing::eventually([&] { return r.merges_of(0).size() == 1; }, 60s));
+  const auto merges = r.merges_of(0);
+  REQUIRE(merges.front().inputs.size() == 1);
+  CHECK(merges.front().inputs.front().seq == 3);
+  std::this_thread::sleep_for(1s);
+  CHECK(r.merges_of(0).size() == 1);
+  size_t replaced = 0;
+  for (const auto& d : r.drops_of(0)) replaced += d.reason == DropReason::Superseded && d.delta.seq < 3;
+  CHECK(replaced == 2);
+  r.stop_and_audit(*merger);
+}
+
+TEST_CASE("a forged delta with a real learner's id, a duplicate and a delta in the wrong partition are recorded, "
+          "and the learner's genuine deltas still merge",
+          "[merger][faults][hostile]") {
+  FaultRun r("forged", {"merger.quorum=1"});
+  auto merger = r.merger("M0");
+  r.wait_genesis("M0");
+  const auto genuine = r.delta("a", 0, 100, 0);
+  // A base from the future and a seq far above the learner's: dropped as invalid.
+  r.send({{0, r.delta("a", 0, uint64_t{1} << 47, 99)}, {0, genuine}});
+  INFO(merger->log());
+  REQUIRE(testing::eventually([&] { return r.merges_of(0).size() == 1; }, 60s));
+  // The same bytes again (a duplicate), the learner's next genuine delta, and fragment 1 in
+  // partition 0 (fragment 1 lives in partition 1).
+  r.send({{0, genuine}, {0, r.delta("a", 0, 101, 1)}, {0, r.delta("a", 1, 102, 0)}});
+  REQUIRE(testing::eventually([&] { return r.merges_of(0).size() == 2; }, 60s));
+  const auto merges = r.merges_of(0);
+  CHECK(merges[0].inputs.front().seq == 100);
+  CHECK(merges[1].inputs.front().seq == 101);
+  std::map<uint64_t, DropReason> drops;
+  for (const auto& d : r.drops_of(0)) drops[d.delta.seq] = d.reason;
+  CHECK(drops[uint64_t{1} << 47] == DropReason::Invalid);
+  CHECK(drops[100] == DropReason::Superseded);  // the duplicate: base already merged
+  r.stop_and_audit(*merger);
+
+  // diloco-replay list shows the merger's rejection, not "unaccounted".
+  std::string out = r.dir + "/list.json";
+  testing::ChildProcess list({DILOCO_BINARY_DIR "/bin/diloco-replay", "-c", testing::tiny_config_path(), "--run", r.run,
+                              "--bootstrap", r.kafka.bootstrap_servers, "list", "--json"},
+                             out);
+  auto code = list.wait_exit(120s);
+  INFO(list.log());
+  REQUIRE(code == 0);
+  size_t rows = 0, unaccounted = 0, wrong_partition = 0;
+  for (const auto& row : testing::read_json_lines(out)) {
+    if (!row.contains("offset")) continue;
+    ++rows;
+    unaccounted += row.value("fate", "") == "unaccounted";
+    wrong_partition += row.value("fate", "") == "rejected" && row.value("reason", "") == "wrong_partition";
+  }
+  CHECK(rows == 5);
+  CHECK(unaccounted == 0);
+  CHECK(wrong_partition == 1);
+}
+
+TEST_CASE("a merge whose result is not finite changes nothing: its input is recorded as invalid and later deltas merge",
+          "[merger][faults][hostile]") {
+  FaultRun r("non-finite", {"merger.quorum=1"});
+  auto merger = r.merger("M0");
+  r.wait_genesis("M0");
+  // Finite on the wire (the decoder accepts it), but the outer step overflows to infinity.
+  r.send({{0, r.delta("a", 0, 1, 0, 3e38f)}});
+  INFO(merger->log());
+  REQUIRE(testing::eventually([&] { return r.count("M0", "merge_abandoned") == 1; }, 60s));
+  r.send({{0, r.delta("b", 0, 1, 0)}});
+  REQUIRE(testing::eventually([&] { return r.merges_of(0).size() == 1; }, 60s));
+  const auto merges = r.merges_of(0);
+  CHECK(merges[0].prev_version == 0);
+  CHECK(merges[0].inputs.front().learner_id == "b");
+  std::map<std::string, DropReason> drops;
+  for (const auto& d : r.drops_of(0)) drops[d.delta.learner_id] = d.reason;
+  CHECK(drops["a"] == DropReason::Invalid);
+  CHECK(merger->running());
+  r.stop_and_audit(*merger);
+}
