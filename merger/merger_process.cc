@@ -129,7 +129,8 @@ class MergerProcess : public RebalanceListener {
   std::map<uint32_t, OwnedFragment> owned_;
   std::set<int32_t> assigned_;
   std::map<std::pair<std::string, int32_t>, int64_t> next_offset_;  // consumed delta partitions
-  std::map<std::string, LiveLearner> learners_;
+  std::map<std::string, LiveLearner> learners_;  // by instance id; time_us: broker's stamp
+  int64_t members_now_us_ = 0;  // the newest stamp read on the members topic
   zmq::context_t zmq_{1};
   std::unique_ptr<ParamsPublisher> publisher_;
   std::unique_ptr<Consumer> consumer_;
@@ -502,16 +503,24 @@ void MergerProcess::announce_round(uint32_t p) {
   metrics_.add("rounds_announced_total", 1);
 }
 
+// Liveness is judged on the broker's clock: the members topic stamps records with their append
+// time, and "now" is the newest stamp read there (this merger's own announcements keep it
+// current), so a learner whose clock is off is neither dead nor immortal.
 void MergerProcess::follow_members() {
   for (int i = 0; i < 64; ++i) {
     auto message = members_->poll(0);
     if (!message) return;
-    if (message->tombstone) continue;
+    const int64_t stamp_us = message->timestamp_ms * 1000;
+    members_now_us_ = std::max(members_now_us_, stamp_us);
+    if (message->tombstone) {
+      learners_.erase(message->key);  // it left
+      continue;
+    }
     try {
       Member m = decode_member(message->value, limits());
       if (m.role != Role::Learner) continue;
-      learners_[m.instance_id] = LiveLearner{m.time_us, m.step_time_s};
-      if (unix_us() - m.time_us < static_cast<int64_t>(o_.config.merger.liveness_seconds * 1e6))
+      learners_[m.instance_id] = LiveLearner{stamp_us, m.step_time_s};
+      if (members_now_us_ - stamp_us < static_cast<int64_t>(o_.config.merger.liveness_seconds * 1e6))
         grace_.observe_step_time(m.step_time_s);
     } catch (const Rejection&) {
       metrics_.add("members_rejected_total", 1);
@@ -521,7 +530,7 @@ void MergerProcess::follow_members() {
 
 std::vector<std::string> MergerProcess::live_learners() const {
   std::vector<std::string> out;
-  int64_t horizon = unix_us() - static_cast<int64_t>(o_.config.merger.liveness_seconds * 1e6);
+  int64_t horizon = members_now_us_ - static_cast<int64_t>(o_.config.merger.liveness_seconds * 1e6);
   for (const auto& [id, l] : learners_)
     if (l.time_us >= horizon) out.push_back(id);
   return out;

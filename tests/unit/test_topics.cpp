@@ -58,6 +58,8 @@ TEST_CASE("topics.def expands to the topics of ARCHITECTURE.md section 3", "[kaf
   CHECK(config_of(find(specs, "diloco.R1.deltas.eu"), "cleanup.policy") == "delete");
   CHECK(find(specs, "diloco.R1.members").partitions == 1);
   CHECK(config_of(find(specs, "diloco.R1.members"), "cleanup.policy") == "compact");
+  // Liveness is judged on the broker's clock, not the learners'.
+  CHECK(config_of(find(specs, "diloco.R1.members"), "message.timestamp.type") == "LogAppendTime");
   CHECK(find(specs, "diloco.R1.rejected").partitions == 1);
   CHECK(RunTopics{"R1"}.deltas("eu") == "diloco.R1.deltas.eu");
 }
