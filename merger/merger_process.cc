@@ -571,12 +571,20 @@ void MergerProcess::stop_fragments() {
   // A clean stop records what is still held: pending deltas as PendingAtStop (a later owner merges
   // them) and drops not yet in a record, in accounting-only records, with the offsets that the
   // held deltas allow (a pending delta is read again by the next owner), in one transaction.
-  const auto offsets = offsets_to_commit();
   std::vector<MergeRecord> records;
+  std::map<std::pair<std::string, int32_t>, int64_t> commit = next_offset_;
   for (auto& [p, f] : owned_) {
     auto held = f.merger->stop();
+    for (const auto& d : held)
+      if (d.reason == DropReason::PendingAtStop) {
+        auto it = commit.find({d.delta.position.topic, d.delta.position.partition});
+        if (it != commit.end()) it->second = std::min(it->second, d.delta.position.offset);
+      }
     if (!held.empty()) records.push_back(accounting_record(p, std::move(held)));
   }
+  std::vector<TopicPartitionOffset> offsets;
+  for (const auto& [tp, offset] : commit)
+    if (assigned_.count(tp.second)) offsets.push_back({tp.first, tp.second, offset});
   if (records.empty() && offsets.empty()) return;
   begin();
   for (const auto& record : records) {

@@ -190,9 +190,13 @@ TEST_CASE("a forged delta with a real learner's id, a duplicate and a delta in t
   // partition 0 (fragment 1 lives in partition 1).
   r.send({{0, genuine}, {0, r.delta("a", 0, 101, 1)}, {0, r.delta("a", 1, 102, 0)}});
   REQUIRE(testing::eventually([&] { return r.merges_of(0).size() == 2; }, 60s));
+  // The learner restarts on a host whose clock is behind: lower seqs, on the version it adopted.
+  r.send({{0, r.delta("a", 0, 7, 2)}});
+  REQUIRE(testing::eventually([&] { return r.merges_of(0).size() == 3; }, 60s));
   const auto merges = r.merges_of(0);
   CHECK(merges[0].inputs.front().seq == 100);
   CHECK(merges[1].inputs.front().seq == 101);
+  CHECK(merges[2].inputs.front().seq == 7);
   std::map<uint64_t, DropReason> drops;
   for (const auto& d : r.drops_of(0)) drops[d.delta.seq] = d.reason;
   CHECK(drops[uint64_t{1} << 47] == DropReason::Invalid);
@@ -214,7 +218,7 @@ TEST_CASE("a forged delta with a real learner's id, a duplicate and a delta in t
     unaccounted += row.value("fate", "") == "unaccounted";
     wrong_partition += row.value("fate", "") == "rejected" && row.value("reason", "") == "wrong_partition";
   }
-  CHECK(rows == 5);
+  CHECK(rows == 6);
   CHECK(unaccounted == 0);
   CHECK(wrong_partition == 1);
 }
@@ -238,4 +242,26 @@ TEST_CASE("a merge whose result is not finite changes nothing: its input is reco
   CHECK(drops["a"] == DropReason::Invalid);
   CHECK(merger->running());
   r.stop_and_audit(*merger);
+}
+
+TEST_CASE("genesis and a clean stop commit the group's offsets in their transactions", "[merger][faults]") {
+  FaultRun r("txn-offsets", {"merger.quorum=1"});
+  auto merger = r.merger("M0");
+  r.wait_genesis("M0");
+  const std::string group = "diloco." + r.run + ".mergers";
+  auto committed = [&] {
+    Consumer reader(ConsumerOptions{.kafka = r.kafka, .group_id = group});
+    return reader.committed({{r.topics.deltas("r0"), 0, 0}, {r.topics.deltas("r0"), 1, 0}}, 10000);
+  };
+  // The genesis transaction carried offsets (KIP-447: a zombie's genesis would be fenced).
+  for (const auto& tp : committed()) CHECK(tp.offset == 0);
+  // A delta dropped after the last merge is accounted for by the stop record, whose transaction
+  // moves the offset past it.
+  r.send({{0, r.delta("a", 0, 1, 99)}});
+  std::this_thread::sleep_for(2s);
+  r.stop_and_audit(*merger);
+  const auto offsets = committed();
+  REQUIRE(offsets.size() == 2);
+  CHECK(offsets[0].offset == 1);
+  CHECK(offsets[1].offset == 0);
 }
