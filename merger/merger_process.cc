@@ -355,41 +355,46 @@ void MergerProcess::handle_delta(const ConsumedMessage& message) {
   if (dropped) metrics_.add("deltas_dropped_total", 1, {{"reason", drop_reason_name(dropped->reason)}});
 }
 
+// Everything is encoded before the transaction starts, so that its timeout covers only the
+// produce and commit round trips, whatever the fragment's size. The checkpoint cannot know the
+// offset of the record it is written with; it names the previous record instead (a position at
+// or before its own, where recovery starts reading: recover_partition).
 void MergerProcess::commit(uint32_t p, MergeRecord& record, bool write_state) {
   auto& f = owned_.at(p);
   const int32_t partition = static_cast<int32_t>(p % static_cast<uint32_t>(partitions_));
-  begin();
-  auto record_bytes = encode_merge_record(record);
-  uint64_t token = next_token_++;
-  txn_->produce({.topic = topics_.merges(), .partition = partition, .key = std::to_string(p), .value = record_bytes},
-                token, t_.produce_ms);
-  // The checkpoint names its merge record by offset, so wait for the record's position.
-  auto deadline = Clock::now() + std::chrono::milliseconds(t_.record_ack_ms);
-  while (!delivered_.count(token)) {
-    if (Clock::now() > deadline)
-      throw Unavailable("merge record not acknowledged within " + std::to_string(t_.record_ack_ms) + " ms");
-    txn_->poll(10);
-  }
-  DeliveryReport report = delivered_.at(token);
-  delivered_.erase(token);
-  if (!report.ok) throw Error("merge record not written: " + report.error);
-  f.scratch.last_merge = LogPosition{report.topic, report.partition, report.offset};
+  f.scratch.last_merge = f.state.last_merge;
   f.scratch.accounted = f.state.accounted;
   f.scratch.merged_bases = f.state.merged_bases;
   f.scratch.recent = f.state.recent;
   account(f.scratch, record);
   const auto offsets = offsets_to_commit();
   prune_recent(f.scratch, offsets);
+  std::vector<uint8_t> state_bytes;
   if (write_state) {
     f.scratch.consumed.clear();
     for (const auto& tp : offsets) f.scratch.consumed.push_back({tp.topic, tp.partition, tp.offset});
-    auto state_bytes = encode_fragment_state(f.scratch);
+    state_bytes = encode_fragment_state(f.scratch);
+  }
+  const auto record_bytes = encode_merge_record(record);
+
+  begin();
+  const uint64_t token = next_token_++;
+  txn_->produce({.topic = topics_.merges(), .partition = partition, .key = std::to_string(p), .value = record_bytes},
+                token, t_.produce_ms);
+  if (write_state)
     txn_->produce({.topic = topics_.state(), .partition = partition, .key = std::to_string(p), .value = state_bytes},
                   next_token_++, t_.produce_ms);
-  }
   if (++commits_ == faults_.fail_commit)
     throw Error("fault injection: commit " + std::to_string(commits_) + " fails");
   finish_transaction(offsets);
+  // Committed, so every message of it was delivered: the record's own position becomes the next
+  // checkpoint's starting point.
+  auto deadline = Clock::now() + std::chrono::milliseconds(t_.record_ack_ms);
+  while (!delivered_.count(token) && Clock::now() < deadline) txn_->poll(10);
+  if (auto it = delivered_.find(token); it != delivered_.end()) {
+    if (it->second.ok) f.scratch.last_merge = LogPosition{it->second.topic, it->second.partition, it->second.offset};
+    delivered_.erase(it);
+  }
 }
 
 RoundTiming MergerProcess::round_timing(const FragmentMerger& merger, const MergePlan& plan,

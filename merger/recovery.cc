@@ -203,6 +203,11 @@ std::map<uint32_t, RecoveredFragment> recover_partition(const LogContext& ctx, i
     auto it = out.find(merge.record.fragment);
     if (it == out.end()) continue;
     auto& f = it->second;
+    // A checkpoint names a record at or before the one that produced it (the merger encodes it
+    // before that record's offset is known); from here on, last_merge is that record itself.
+    if (f.replayed.empty() && is_merge(merge.record) && merge.record.version == f.state.version &&
+        (!f.state.last_merge || merge.position.offset > f.state.last_merge->offset))
+      f.state.last_merge = merge.position;
     if (!continues_state(f.state, merge)) continue;
     apply_logged_merge(ctx, f.state, merge);
     f.replayed.push_back(merge.record);

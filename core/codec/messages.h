@@ -193,6 +193,8 @@ struct FragmentState {
   // accumulated since the last fold; CGAD: Adam's second moment); empty for Nesterov and Sgd.
   std::vector<DenseTensor> outer_state;
   std::vector<LogPosition> consumed;
+  // In a checkpoint: a merge record at or before the one that produced `version` (see
+  // schemas/fragment_state.fbs); in a state rebuilt by recovery or replay: that record itself.
   std::optional<LogPosition> last_merge;
   uint64_t checksum = 0;  // checksum_fp32 of params; filled in by the encoder when 0
   // learner id -> newest delta seq accounted for by a committed merge record (merged, or dropped

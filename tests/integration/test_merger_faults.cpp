@@ -10,6 +10,7 @@
 
 #include "core/kafka/consumer.h"
 #include "core/kafka/producer.h"
+#include "merger/recovery.h"
 #include "tests/integration/child_process.h"
 #include "tests/integration/run_audit.h"
 #include "tests/integration/run_fixture.h"
@@ -155,6 +156,18 @@ TEST_CASE("a merger restarted at a checkpoint does not merge a learner's progres
   for (const auto& d : r.drops_of(0)) drops[d.delta.seq] = d.reason;
   CHECK(drops.count(2));
   CHECK(drops[2] == DropReason::Superseded);
+
+  // The checkpoint was encoded before its record's offset was known; recovery finds the record.
+  LogContext ctx{.kafka = r.kafka, .topics = r.topics, .config = &r.config, .setup = &r.setup,
+                 .limits = DecodeLimits{.run_id = r.run, .fingerprint = r.setup.layout.fingerprint, .layout = &r.setup.layout}};
+  std::optional<LogPosition> produced_v1;
+  for (const auto& m : read_merges(ctx, 0, -2))
+    if (m.record.fragment == 0 && m.record.version == 1 && is_merge(m.record)) produced_v1 = m.position;
+  const auto recovered = recover_partition(ctx, 0, std::vector<uint32_t>{0});
+  CHECK(recovered.at(0).state.version == 1);
+  for (const auto& record : recovered.at(0).replayed) CHECK_FALSE(is_merge(record));  // v1 is the checkpoint's
+  REQUIRE(produced_v1);
+  CHECK(recovered.at(0).state.last_merge == produced_v1);
 }
 
 TEST_CASE("after an outage a learner's newest delta on a base is merged, not its oldest", "[merger][faults]") {
