@@ -21,6 +21,7 @@
 #include "core/zmq/params_channel.h"
 #include "merger/fragment_merger.h"
 #include "merger/grace_window.h"
+#include "merger/membership.h"
 #include "merger/recovery.h"
 
 namespace diloco {
@@ -42,11 +43,6 @@ struct RoundTiming {
   double quorum_seconds = 0;
   double grace_seconds = 0;
   std::vector<std::string> missed;
-};
-
-struct LiveLearner {
-  int64_t time_us = 0;
-  float step_time_s = 0;
 };
 
 // The first tensor of `state` with a value that is not finite, named, if any.
@@ -101,7 +97,6 @@ class MergerProcess : public RebalanceListener {
   void publish(uint32_t p);
   void announce_round(uint32_t p);
   void follow_members();
-  std::vector<std::string> live_learners() const;
   void announce(bool leaving);
   void stop_fragments();
   MergeRecord accounting_record(uint32_t p, std::vector<DroppedDelta> dropped) const;
@@ -129,8 +124,7 @@ class MergerProcess : public RebalanceListener {
   std::map<uint32_t, OwnedFragment> owned_;
   std::set<int32_t> assigned_;
   std::map<std::pair<std::string, int32_t>, int64_t> next_offset_;  // consumed delta partitions
-  std::map<std::string, LiveLearner> learners_;  // by instance id; time_us: broker's stamp
-  int64_t members_now_us_ = 0;  // the newest stamp read on the members topic
+  Membership membership_;
   zmq::context_t zmq_{1};
   std::unique_ptr<ParamsPublisher> publisher_;
   std::unique_ptr<Consumer> consumer_;
@@ -152,7 +146,8 @@ MergerProcess::MergerProcess(const MergerOptions& options, const std::atomic<boo
       grace_(GraceWindowOptions{.gamma = options.config.merger.grace_gamma,
                                 .tau = options.config.merger.grace_tau,
                                 .cap_step_times = options.config.merger.grace_cap_steps,
-                                .cap_seconds = options.config.merger.grace_cap_seconds}) {}
+                                .cap_seconds = options.config.merger.grace_cap_seconds}),
+      membership_(options.config.merger.liveness_seconds) {}
 
 void MergerProcess::log(nlohmann::json record) {
   record["t"] = now();
@@ -508,37 +503,22 @@ void MergerProcess::announce_round(uint32_t p) {
   metrics_.add("rounds_announced_total", 1);
 }
 
-// Liveness is judged on the broker's clock: the members topic stamps records with their append
-// time, and "now" is the newest stamp read there (this merger's own announcements keep it
-// current), so a learner whose clock is off is neither dead nor immortal.
 void MergerProcess::follow_members() {
   for (int i = 0; i < 64; ++i) {
     auto message = members_->poll(0);
     if (!message) return;
-    const int64_t stamp_us = message->timestamp_ms * 1000;
-    members_now_us_ = std::max(members_now_us_, stamp_us);
-    if (message->tombstone) {
-      learners_.erase(message->key);  // it left
-      continue;
+    std::optional<Member> member;
+    if (!message->tombstone) {
+      try {
+        member = decode_member(message->value, limits());
+      } catch (const Rejection&) {
+        metrics_.add("members_rejected_total", 1);
+        continue;
+      }
     }
-    try {
-      Member m = decode_member(message->value, limits());
-      if (m.role != Role::Learner) continue;
-      learners_[m.instance_id] = LiveLearner{stamp_us, m.step_time_s};
-      if (members_now_us_ - stamp_us < static_cast<int64_t>(o_.config.merger.liveness_seconds * 1e6))
-        grace_.observe_step_time(m.step_time_s);
-    } catch (const Rejection&) {
-      metrics_.add("members_rejected_total", 1);
-    }
+    if (auto step_time = membership_.observe(message->key, message->timestamp_ms, member))
+      grace_.observe_step_time(*step_time);
   }
-}
-
-std::vector<std::string> MergerProcess::live_learners() const {
-  std::vector<std::string> out;
-  int64_t horizon = members_now_us_ - static_cast<int64_t>(o_.config.merger.liveness_seconds * 1e6);
-  for (const auto& [id, l] : learners_)
-    if (l.time_us >= horizon) out.push_back(id);
-  return out;
 }
 
 void MergerProcess::announce(bool leaving) {
@@ -658,7 +638,7 @@ int MergerProcess::run() {
       int64_t timestamp_ms = 0;
       if (consume(owned_.empty() ? t_.poll_idle_ms : t_.poll_owned_ms, &timestamp_ms)) catch_up(timestamp_ms);
       follow_members();
-      auto live = live_learners();
+      auto live = membership_.live_learners();
       for (auto& [p, f] : owned_) {
         const MergerState before = f.merger->state();
         const bool due = f.merger->poll(now(), live, grace_);

@@ -1,0 +1,29 @@
+#include "merger/membership.h"
+
+#include <algorithm>
+
+namespace diloco {
+
+Membership::Membership(double liveness_seconds) : window_us_(static_cast<int64_t>(liveness_seconds * 1e6)) {}
+
+std::optional<float> Membership::observe(const std::string& key, int64_t stamp_ms, const std::optional<Member>& member) {
+  const int64_t stamp_us = stamp_ms * 1000;
+  now_us_ = std::max(now_us_, stamp_us);
+  if (!member) {
+    heard_.erase(key);
+    return std::nullopt;
+  }
+  if (member->role != Role::Learner) return std::nullopt;
+  heard_[member->instance_id] = stamp_us;
+  if (now_us_ - stamp_us < window_us_) return member->step_time_s;
+  return std::nullopt;
+}
+
+std::vector<std::string> Membership::live_learners() const {
+  std::vector<std::string> out;
+  for (const auto& [id, stamp] : heard_)
+    if (stamp >= now_us_ - window_us_) out.push_back(id);
+  return out;
+}
+
+}  // namespace diloco

@@ -1,0 +1,42 @@
+// Liveness on the broker's clock: stamps, the newest stamp as "now", tombstones.
+#include <catch2/catch.hpp>
+
+#include "merger/membership.h"
+
+using namespace diloco;
+
+namespace {
+
+Member member(const std::string& id, Role role, int64_t own_clock_us, float step_time = 0.5f) {
+  Member m;
+  m.instance_id = id;
+  m.role = role;
+  m.time_us = own_clock_us;
+  m.step_time_s = step_time;
+  return m;
+}
+
+}  // namespace
+
+TEST_CASE("membership judges liveness by broker stamps, not by the learners' clocks", "[merger]") {
+  Membership m(15);
+  // Learner a's own clock is an hour behind, b's a day ahead: neither matters.
+  CHECK(m.observe("a", 1'000'000, member("a", Role::Learner, 1)) == 0.5f);
+  CHECK(m.observe("b", 1'005'000, member("b", Role::Learner, int64_t{1} << 60)) == 0.5f);
+  CHECK(m.live_learners() == std::vector<std::string>{"a", "b"});
+  CHECK(m.now_us() == 1'005'000'000);
+
+  // A merger's announcement moves "now" on but is not a learner.
+  CHECK_FALSE(m.observe("M0", 1'016'500, member("M0", Role::Merger, 0)));
+  CHECK(m.live_learners() == std::vector<std::string>{"b"});  // a was heard 16.5 s ago, b 11.5 s
+
+  // A heartbeat read late (its stamp is old) says the learner was alive then, no more.
+  CHECK_FALSE(m.observe("c", 1'000'500, member("c", Role::Learner, 0)));
+  CHECK(m.live_learners() == std::vector<std::string>{"b"});
+
+  // A tombstone removes the learner at once.
+  CHECK_FALSE(m.observe("b", 1'017'000, std::nullopt));
+  CHECK(m.live_learners().empty());
+  CHECK(m.observe("a", 1'017'100, member("a", Role::Learner, 0, 0.25f)) == 0.25f);
+  CHECK(m.live_learners() == std::vector<std::string>{"a"});
+}
