@@ -127,6 +127,30 @@ TEST_CASE("a merger killed with SIGKILL is replaced: it rebuilds and every delta
   CHECK(audit.merges >= 15);
 }
 
+TEST_CASE("a learner killed with SIGKILL and restarted and a learner paused with SIGSTOP lose no delta and merge no progress twice",
+          "[merger][cluster][recovery]") {
+  Cluster c;
+  auto merger = c.merger("M0");
+  std::vector<std::unique_ptr<testing::ChildProcess>> learners;
+  for (int i = 0; i < 3; ++i) learners.push_back(c.learner(i, 3, 400));
+  REQUIRE(testing::eventually([&] { return c.count("M0", "merge") >= 5; }, 120s));
+  learners[1]->signal(SIGKILL);
+  REQUIRE(learners[1]->wait_exit(10s).has_value());
+  learners[2]->signal(SIGSTOP);  // an island cut off for a while
+  std::this_thread::sleep_for(3s);
+  learners[2]->signal(SIGCONT);
+  const size_t merges_before = c.count("M0", "merge");
+  learners[1] = c.learner(1, 3, 200);  // the same learner id, a new process
+  for (auto& l : learners) require_clean_exit(*l, 240s);
+  CHECK(c.count("M0", "merge") > merges_before);
+  merger->signal(SIGTERM);
+  require_clean_exit(*merger, 60s);
+
+  auto audit = testing::audit_run(c.kafka, c.config, c.regions);
+  INFO(audit.report());
+  CHECK(audit.ok());
+}
+
 TEST_CASE("two mergers own disjoint fragments, and when one is killed the other owns all with no version going back", "[merger][cluster][failover]") {
   Cluster c;
   auto a = c.merger("MA");
