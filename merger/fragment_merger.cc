@@ -5,6 +5,7 @@
 #include <tuple>
 
 #include "core/errors.h"
+#include "merger/aggregate.h"
 #include "merger/weighting.h"
 
 namespace diloco {
@@ -109,13 +110,17 @@ std::optional<DroppedDelta> FragmentMerger::offer(DeltaRef delta, std::vector<De
                                                   double now) {
   if (state_ == MergerState::Stopped)
     throw InternalError(detail::concat("fragment ", fragment_, ": offer after stop"));
-  double sum = 0;
-  for (const auto& t : tensors)
-    for (float v : t.values) sum += static_cast<double>(v) * v;
-  const double norm = std::sqrt(sum);
+  std::optional<double> norm;
+  if (bounds_.max_norm_ratio > 0) {
+    double squares = 0;
+    for (const auto& t : tensors) squares += std::pow(l2_norm(t.values), 2);
+    norm = std::sqrt(squares);
+  }
   if (auto rejected = check(delta, norm)) return record_drop(std::move(*rejected));
-  norms_.push_back(norm);
-  while (norms_.size() > bounds_.norm_window) norms_.pop_front();
+  if (norm) {
+    norms_.push_back(*norm);
+    while (norms_.size() > bounds_.norm_window) norms_.pop_front();
+  }
 
   auto it = pending_.find(delta.learner_id);
   if (it == pending_.end()) {

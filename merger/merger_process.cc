@@ -94,6 +94,7 @@ class MergerProcess : public RebalanceListener {
   void commit(uint32_t p, MergeRecord& record, bool write_state);
   void write_genesis(const std::vector<uint32_t>& fragments);
   std::vector<TopicPartitionOffset> offsets_to_commit() const;
+  std::vector<TopicPartitionOffset> offsets_holding(const std::vector<LogPosition>& held) const;
   void publish(uint32_t p);
   void announce_round(uint32_t p);
   void follow_members();
@@ -174,13 +175,20 @@ void MergerProcess::finish_transaction(const std::vector<TopicPartitionOffset>& 
 std::vector<TopicPartitionOffset> MergerProcess::offsets_to_commit() const {
   // A partition's offset may not pass a delta some fragment still holds (pending, or dropped but
   // not yet in a committed record): after a crash it must be read again. Deltas re-read that a
-  // committed record already accounts for are skipped by seq (FragmentState.accounted).
-  std::map<std::pair<std::string, int32_t>, int64_t> commit = next_offset_;
+  // committed record already accounts for are skipped by position (FragmentState.recent).
+  std::vector<LogPosition> held;
   for (const auto& [p, f] : owned_)
-    for (const auto& pos : f.merger->uncommitted_positions()) {
-      auto it = commit.find({pos.topic, pos.partition});
-      if (it != commit.end()) it->second = std::min(it->second, pos.offset);
-    }
+    for (auto& pos : f.merger->uncommitted_positions()) held.push_back(std::move(pos));
+  return offsets_holding(held);
+}
+
+// The consumed offsets, each held back to the lowest of `held` in its partition.
+std::vector<TopicPartitionOffset> MergerProcess::offsets_holding(const std::vector<LogPosition>& held) const {
+  std::map<std::pair<std::string, int32_t>, int64_t> commit = next_offset_;
+  for (const auto& pos : held) {
+    auto it = commit.find({pos.topic, pos.partition});
+    if (it != commit.end()) it->second = std::min(it->second, pos.offset);
+  }
   std::vector<TopicPartitionOffset> out;
   for (const auto& [tp, offset] : commit)
     if (assigned_.count(tp.second)) out.push_back({tp.first, tp.second, offset});
@@ -557,19 +565,14 @@ void MergerProcess::stop_fragments() {
   // them) and drops not yet in a record, in accounting-only records, with the offsets that the
   // held deltas allow (a pending delta is read again by the next owner), in one transaction.
   std::vector<MergeRecord> records;
-  std::map<std::pair<std::string, int32_t>, int64_t> commit = next_offset_;
+  std::vector<LogPosition> pending;
   for (auto& [p, f] : owned_) {
     auto held = f.merger->stop();
     for (const auto& d : held)
-      if (d.reason == DropReason::PendingAtStop) {
-        auto it = commit.find({d.delta.position.topic, d.delta.position.partition});
-        if (it != commit.end()) it->second = std::min(it->second, d.delta.position.offset);
-      }
+      if (d.reason == DropReason::PendingAtStop) pending.push_back(d.delta.position);
     if (!held.empty()) records.push_back(accounting_record(p, std::move(held)));
   }
-  std::vector<TopicPartitionOffset> offsets;
-  for (const auto& [tp, offset] : commit)
-    if (assigned_.count(tp.second)) offsets.push_back({tp.first, tp.second, offset});
+  const auto offsets = offsets_holding(pending);
   if (records.empty() && offsets.empty()) return;
   begin();
   for (const auto& record : records) {
