@@ -180,6 +180,14 @@ class Run:
     def key(self):
         return "standalone" if self.kind == "standalone" else f"cluster-M{self.m}"
 
+    def identity(self):
+        """A standalone run is deterministic: the same command without its folder is the same run."""
+        if self.kind != "standalone":
+            return None
+        cmd = self.command()
+        i = cmd.index("--run-dir")
+        return tuple(cmd[:i] + cmd[i + 2:])
+
 
 def eval_every(steps):
     """A divisor of steps near steps/10 (the eval at the last step is the final loss)."""
@@ -722,7 +730,13 @@ def main():
     if not runs:
         say("no run matches --rows / --m")
         return 2
-    total_estimate = sum(r.estimate() for r in runs)
+    seen, repeats = set(), set()  # runs whose standalone twin comes earlier: reused, not run again
+    for r in runs:
+        if r.identity() in seen:
+            repeats.add(id(r))
+        elif r.identity():
+            seen.add(r.identity())
+    total_estimate = sum(r.estimate() for r in runs if id(r) not in repeats)
     say(f"bench/quality: {len(runs)} run{'s' if len(runs) != 1 else ''}, config {os.path.relpath(args.config, ROOT)}, S = {args.steps}, "
         f"M = {','.join(map(str, args.m))}, seeds {','.join(map(str, args.seeds))}; results in {args.out}")
     say(f"estimated time: {duration(total_estimate)} (tiny runs measured on a loaded 2-core machine; a quiet one is faster)")
@@ -730,6 +744,7 @@ def main():
         signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # `bench/quality --dry-run | head`
         for i, r in enumerate(runs, 1):
             note = " [has a result: skipped with --resume]" if args.resume and load_result(r) else ""
+            note += " [the same run as an earlier row: reused]" if id(r) in repeats else ""
             say(f"[{i}/{len(runs)}] M={r.m} {r.name} seed {r.seed} (~{duration(r.estimate())}){note}")
             say("    " + " ".join(shell_quote(c) for c in r.command()))
         return 0
@@ -761,13 +776,22 @@ def main():
     ratio = {}  # measured / estimated wall per kind of run
     last_cluster_start = 0.0
     interrupted = False
+    done_by_identity = {}  # standalone runs shared by the rows of several M (one learner, same steps)
     for i, r in enumerate(runs, 1):
         tag = f"[{i}/{len(runs)}] M={r.m} {r.name} seed {r.seed}"
+        same = done_by_identity.get(r.identity()) if r.identity() else None
+        if same:
+            say(f"{tag}: the same run as {same['run_dir']} (final loss {fmt(same.get('final_loss'))}): reused")
+            results.append(dict(same, M=r.m, reused=True))
+            done_by_run[id(r)] = results[-1]
+            continue
         previous = load_result(r) if args.resume else None
         if previous:
             say(f"{tag}: kept (final loss {fmt(previous.get('final_loss'))}, {duration(previous.get('wall_seconds'))})")
             results.append(previous)
             done_by_run[id(r)] = previous
+            if previous.get("ok") and r.identity():
+                done_by_identity[r.identity()] = previous
             continue
         if r.row.get("half_speed"):
             ref = done_by_run.get(id(r.reference))
@@ -808,12 +832,14 @@ def main():
                 json.dump(res, f, indent=1)
         results.append(res)
         done_by_run[id(r)] = res
+        if res["ok"] and r.identity():
+            done_by_identity[r.identity()] = res
         if res["ok"]:
             ratio.setdefault(r.key(), []).append((wall or r.estimate()) / r.estimate())
         remaining = runs[i:]
         factor_all = mean([x for v in ratio.values() for x in v]) or 1.0
         eta = sum(r2.estimate() * (mean(ratio.get(r2.key(), [])) or factor_all) for r2 in remaining
-                  if not (args.resume and load_result(r2)))
+                  if not (args.resume and load_result(r2)) and id(r2) not in repeats)
         extra = ""
         if r.kind == "cluster" and res["ok"]:
             extra = (f", {res.get('merges')} merges, {fmt(res.get('inputs_per_merge_mean'), 2)} inputs/merge, "
