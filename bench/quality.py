@@ -28,6 +28,9 @@ import shutil
 import signal
 import subprocess
 import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts"))
+from run_local import read_jsonl  # noqa: E402
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -224,20 +227,6 @@ def plan(args):
 
 
 # ---- reading a run's metrics --------------------------------------------------------------------
-
-def read_jsonl(path):
-    out = []
-    try:
-        with open(path, errors="replace") as f:
-            for line in f:
-                try:
-                    out.append(json.loads(line))
-                except ValueError:
-                    pass
-    except OSError:
-        pass
-    return out
-
 
 def interp(xs, ys, x):
     if not xs:

@@ -200,7 +200,7 @@ void Learner::publish_delta(uint32_t p, uint64_t step, float loss, bool early) {
   metrics_.add("deltas_submitted_total", 1);
   metrics_.add("delta_wire_bytes_total", static_cast<double>(bytes.size()));
   if (early) metrics_.add("deltas_cut_on_arrival_total", 1);
-  log({{"event", "delta"}, {"fragment", p}, {"seq", h.seq}, {"base_version", h.base_version},
+  log({{"event", "delta"}, {"step", step}, {"fragment", p}, {"seq", h.seq}, {"base_version", h.base_version},
        {"inner_steps", h.inner_steps}, {"tokens", h.tokens}, {"wire_bytes", bytes.size()}, {"early", early}});
   publisher_->submit(OutgoingDelta{std::move(h), std::move(bytes)});
   f.expect_merge(step, o_.config.diloco.wait_steps);

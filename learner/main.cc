@@ -4,6 +4,7 @@
 #include <iostream>
 #include <sstream>
 
+#include "core/config/config_json.h"
 #include "core/errors.h"
 #include "core/process.h"
 #include "learner/learner.h"
@@ -51,7 +52,18 @@ int main(int argc, char** argv) {
   app.add_option("--export", o.export_path, "write the model to this file at stop (--eval-only: the global model, refreshed after every evaluation); read it with diloco-sample");
   app.add_option("--metrics-port", o.metrics_port, "serve Prometheus metrics on 127.0.0.1:PORT/metrics (0: off)")->capture_default_str();
   app.add_option("--log-every", o.log_every, "inner steps between metrics lines")->capture_default_str();
+  bool print_config = false;
+  app.add_flag("--print-config", print_config, "print the resolved config (file, --set, defaults) as JSON and exit");
   CLI11_PARSE(app, argc, argv);
+  if (print_config) {
+    try {
+      std::cout << run_config_json(load_run_config(config_file, overrides)).dump(1) << "\n";
+      return 0;
+    } catch (const Error& e) {
+      std::cerr << "diloco-learner: error: " << e.what() << "\n";
+      return 1;
+    }
+  }
 
   int modes = standalone + no_publish + eval_only;
   if (modes > 1) {

@@ -1,8 +1,10 @@
 #include "merger/merger_process.h"
 
+#include <charconv>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <iostream>
 #include <map>
@@ -737,11 +739,13 @@ MergerFaults MergerFaults::from_environment() {
   auto read = [](const char* name) {
     const char* v = std::getenv(name);
     if (!v || !*v) return 0;
-    try {
-      return std::stoi(v);
-    } catch (const std::exception&) {
-      throw InvalidInput(std::string(name) + " must be a number, not \"" + v + "\"");
-    }
+    int n = 0;
+    const char* end = v + std::strlen(v);
+    auto [ptr, ec] = std::from_chars(v, end, n);
+    if (ec != std::errc() || ptr != end || n < 0)
+      throw InvalidInput(std::string(name) + " must be a count (0: off, N: the Nth one fails), not \"" + v +
+                         "\"; unset it outside fault tests");
+    return n;
   };
   MergerFaults f{.fail_commit = read("DILOCO_FAULT_FAIL_COMMIT"), .fail_recovery = read("DILOCO_FAULT_FAIL_RECOVERY")};
   if (f.fail_commit || f.fail_recovery)

@@ -545,6 +545,65 @@ def plot_training(run, plotter, learners):
     plotter.save(fig, name)
 
 
+def read_chaos(run_dir):
+    """scripts/chaos's timeline (chaos.jsonl: one fault or repair per line) and result (chaos.json),
+    or ([], None) for a run it did not make."""
+    events, result = [], None
+    try:
+        with open(os.path.join(run_dir, "chaos.jsonl"), errors="replace") as f:
+            for line in f:
+                try:
+                    e = json.loads(line)
+                except ValueError:
+                    continue
+                if isinstance(e, dict) and isinstance(e.get("time_us"), (int, float)) and isinstance(e.get("target"), str):
+                    events.append(e)
+    except OSError:
+        return [], None
+    try:
+        with open(os.path.join(run_dir, "chaos.json")) as f:
+            result = json.load(f)
+    except (OSError, ValueError):
+        pass
+    return events, result
+
+
+def down_intervals(events, t_end):
+    """target -> [(from_us, to_us, kind)] of each fault, from its kill or stop to its restart or cont."""
+    out = collections.defaultdict(list)
+    since = {}
+    for e in events:
+        target, action = e["target"], e.get("action")
+        if action in ("kill", "stop"):
+            since[target] = (e["time_us"], e.get("kind", action))
+        elif action in ("restart", "cont") and target in since:
+            a, kind = since.pop(target)
+            out[target].append((a, e["time_us"], kind))
+    for target, (a, kind) in since.items():
+        out[target].append((a, t_end, kind))
+    return out
+
+
+def plot_chaos(run, plotter, merges, events):
+    name, title = "chaos_timeline.png", "Faults and merges"
+    at, xlabel = clock(run)
+    intervals = down_intervals(events, run.t_end)
+    targets = sorted(intervals, key=natural_key)
+    fig, ax = plotter.figure(title, xlabel, "")
+    colours = {"kill": "tab:red", "pause": "tab:orange"}
+    for i, target in enumerate(targets):
+        for a, b, kind in intervals[target]:
+            ax.broken_barh([(at(a), max(at(b) - at(a), 0.2))], (i - 0.35, 0.7), color=colours.get(kind, "tab:gray"))
+    merge_times = sorted(t for points in merges.timeline.values() for t, v in points if v > 0)
+    ax.plot([at(t) for t in merge_times], [len(targets)] * len(merge_times), "|", color="tab:blue", markersize=10)
+    ax.set_yticks(range(len(targets) + 1), targets + ["merges"])
+    ax.set_ylim(-0.8, len(targets) + 0.8)
+    from matplotlib.patches import Patch
+    ax.legend(handles=[Patch(color=colours["kill"], label="killed (kill -9) until restarted"),
+                       Patch(color=colours["pause"], label="paused (SIGSTOP) until SIGCONT")], fontsize=8)
+    plotter.save(fig, name)
+
+
 # (file, title, caption) of every plot, in the order of the page.
 PLOTS = [
     ("heldout_loss_tokens.png", "Held-out loss vs tokens",
@@ -690,6 +749,30 @@ def build_page(run, out_dir, learners, merges, evals, total_tokens, notes):
         items = [("link", os.path.join(rel, name), f"{name} ({len(p.records):,} events)") for name, p in files]
         items += [("link", os.path.join(rel, name), name) for name in run.logs]
         blocks.append(("list", items))
+    return blocks
+
+
+def chaos_blocks(events, result):
+    """The section of a scripts/chaos run: what was broken, what it cost, and the checks."""
+    blocks = [("h2", "Chaos")]
+    kinds = collections.Counter((e["target"].split("-")[0], e.get("kind")) for e in events if e.get("action") in ("kill", "stop"))
+    rows = [(f"{target} {'kills' if kind == 'kill' else 'pauses'}", count(n)) for (target, kind), n in sorted(kinds.items())]
+    if result:
+        gp = result.get("goodput")
+        rows += [("Mode", str(result.get("mode"))), ("Seed", str(result.get("seed"))),
+                 ("Goodput (merged learner compute / provisioned learner-seconds)",
+                  f"{gp:.3f}" if isinstance(gp, (int, float)) else "–"),
+                 ("Goodput of the learner-seconds the learners were up",
+                  f"{result['goodput_of_available']:.3f}" if isinstance(result.get("goodput_of_available"), (int, float)) else "–"),
+                 ("Longest stall (no new version of any fragment)", f"{result.get('longest_stall_seconds')} s"),
+                 ("Longest stall while a merger lived", f"{result.get('longest_stall_while_a_merger_lives_seconds')} s"),
+                 ("Median merge interval", f"{result.get('median_merge_interval_seconds')} s"),
+                 ("Checks", ", ".join(f"{k} {'pass' if v else 'FAIL'}" for k, v in (result.get("checks") or {}).items()))]
+    blocks.append(("table", ["", "value"], rows))
+    for p in (result or {}).get("problems", [])[:10]:
+        blocks.append(("p", f"Problem: {p}"))
+    blocks.append(("image", "chaos_timeline.png", "Faults and merges",
+                   "Each fault from the kill or SIGSTOP to the restart or SIGCONT (chaos.jsonl), and every merge."))
     return blocks
 
 
@@ -845,9 +928,14 @@ def report(run_dir, out_dir):
     plot_staleness(plotter, merges)
     plot_versions(run, plotter, merges)
     plot_training(run, plotter, learners)
+    chaos_events, chaos_result = read_chaos(run_dir)
+    if chaos_events:
+        plot_chaos(run, plotter, merges, chaos_events)
 
     notes = data_notes(run, learners, merges, evals)
     blocks = build_page(run, out_dir, learners, merges, evals, total_tokens, notes)
+    if chaos_events:
+        blocks[2:2] = chaos_blocks(chaos_events, chaos_result)
     title = f"Run {run.run_id()}"
     for name, text in (("index.md", render_markdown(blocks)), ("index.html", render_html(blocks, title))):
         path = os.path.join(out_dir, name)

@@ -16,7 +16,6 @@ import signal
 import subprocess
 import sys
 import time
-import tomllib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -32,29 +31,17 @@ def say(message):
 
 # ---- configuration ------------------------------------------------------------------------------
 
-def toml_value(text):
-    """A --set value as the processes read it: TOML if it parses, else a bare string."""
-    try:
-        return tomllib.loads(f"v = {text}")["v"]
-    except tomllib.TOMLDecodeError:
-        return text
-
-
-def load_config(path, overrides):
-    try:
-        with open(path, "rb") as f:
-            config = tomllib.load(f)
-    except OSError as e:
-        fail(f"cannot read config {path}: {e.strerror}")
-    except tomllib.TOMLDecodeError as e:
-        fail(f"{path}: {e}")
-    for assignment in overrides:
-        key, sep, value = assignment.partition("=")
-        section, dot, name = key.partition(".")
-        if not sep or not dot:
-            fail(f"--set '{assignment}': expected section.key=value")
-        config.setdefault(section, {})[name] = toml_value(value)
-    return config
+def load_config(bin_dir, path, overrides):
+    """The config as the binaries read it, defaults included: `diloco-learner --print-config`
+    (a bad file or --set fails here with the binary's message, before anything starts)."""
+    learner = os.path.join(bin_dir, "diloco-learner")
+    if not os.access(learner, os.X_OK):
+        fail(f"diloco-learner is not built in {bin_dir} (scripts/run-local builds it; or set --bin-dir)")
+    sets = [x for o in overrides for x in ("--set", o)]
+    r = subprocess.run([learner, "-c", path, *sets, "--print-config"], capture_output=True, text=True)
+    if r.returncode != 0:
+        fail(r.stderr.strip().removeprefix("diloco-learner: error: ") or f"diloco-learner --print-config exited with {r.returncode}")
+    return json.loads(r.stdout)
 
 
 def write_run_config(config_path, overrides, run_id, out_path):
@@ -78,18 +65,18 @@ def write_run_config(config_path, overrides, run_id, out_path):
 
 
 def cluster_shape(config, args):
-    """Learners, regions, mergers and speed factors: command line over [cluster] over defaults."""
-    cluster = config.get("cluster", {})
-    learners = args.learners or int(cluster.get("learners", 3))
-    regions = args.regions.split(",") if args.regions else list(cluster.get("regions", ["eu", "us"]))
-    mergers = args.mergers or int(cluster.get("mergers", 1))
-    speed = [float(s) for s in cluster.get("speed_factors", [])]
+    """Learners, regions, mergers, speed factors and the evaluation interval: the command line
+    over the config's [cluster] (whose defaults are the binaries')."""
+    cluster = config["cluster"]
+    learners = args.learners or int(cluster["learners"])
+    regions = args.regions.split(",") if args.regions else list(cluster["regions"])
+    mergers = args.mergers or int(cluster["mergers"])
+    speed = [float(s) for s in cluster["speed_factors"]]
     if args.speed_factors:
         speed = [float(s) for s in args.speed_factors.split(",")]
-    eval_interval = float(cluster.get("eval_interval", 15))
     if learners < 1 or mergers < 1 or not all(regions):
         fail("need at least one learner, one merger and non-empty region names")
-    return learners, regions, mergers, speed, eval_interval
+    return learners, regions, mergers, speed, float(cluster["eval_interval"])
 
 
 # ---- processes ----------------------------------------------------------------------------------
@@ -126,8 +113,12 @@ class Child:
             say(f"{self.name} did not stop within {seconds:.0f} s: killing it")
             self.signal(signal.SIGKILL)
             code = self.wait(10)
-        self.log.close()
+        self.close()
         return code
+
+    def close(self):
+        if not self.log.closed:
+            self.log.close()
 
     def tail(self, lines=15):
         try:
@@ -138,6 +129,22 @@ class Child:
 
 
 # ---- metrics ------------------------------------------------------------------------------------
+
+def read_jsonl(path):
+    """The JSON lines of a file that parse (a process killed mid-write leaves a torn last line);
+    [] when the file cannot be read."""
+    out = []
+    try:
+        with open(path, errors="replace") as f:
+            for line in f:
+                try:
+                    out.append(json.loads(line))
+                except ValueError:
+                    pass
+    except OSError:
+        pass
+    return out
+
 
 class JsonTail:
     """New complete JSON lines of a growing file, read incrementally."""
@@ -330,162 +337,242 @@ def parse_args():
     return p.parse_args()
 
 
-def main():
-    args = parse_args()
+class Cluster:
+    """The processes of one local run: the mergers, the learners, the evaluator, on the local broker.
+    start() launches them; restart_*() brings one back with the same id (scripts/chaos); stop()
+    stops them in an order that loses nothing; kill() ends every child at once (a failure of the
+    launcher itself must leave nothing behind)."""
+
+    def __init__(self, config_path, overrides, learners, regions, mergers, speed, eval_interval, steps,
+                 max_seconds, run_dir, bin_dir, run_id, tokens_per_step, fragments):
+        self.config_path, self.overrides = config_path, overrides
+        self.learners, self.regions, self.mergers = learners, regions, mergers
+        self.speed, self.eval_interval, self.steps, self.max_seconds = speed, eval_interval, steps, max_seconds
+        self.run_dir, self.bin_dir, self.run_id = run_dir, bin_dir, run_id
+        self.fragments = fragments
+        self.merger_names = [f"merger-{m}" for m in range(mergers)]
+        self.learner_names = [f"learner-{i}" for i in range(learners)]
+        self.children = {}  # name -> the Child of its newest process
+        self.started_broker = False
+        self.start_time = None
+        self.final_model = os.path.join(run_dir, "final_model.pt")
+        os.makedirs(run_dir, exist_ok=True)
+        write_run_config(config_path, overrides, run_id, os.path.join(run_dir, "config.toml"))
+        self.info = {"run_id": run_id, "config": os.path.relpath(config_path, ROOT), "overrides": overrides,
+                     "learners": learners, "regions": regions, "mergers": mergers,
+                     "speed_factors": [self.speed_of(i) for i in range(learners)],
+                     "steps_per_learner": steps, "tokens_per_step": tokens_per_step,
+                     "max_seconds": max_seconds, "start_time": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+
+    def speed_of(self, i):
+        return self.speed[i] if i < len(self.speed) else 1.0
+
+    def prepare_broker(self, partitions=None):
+        """Starts the broker if none runs (stopped again by finish()) and creates the run's topics."""
+        if broker("status", check=False).returncode != 0:
+            say("starting the Kafka broker")
+            broker("start")
+            self.started_broker = True
+        self.servers = broker("servers").stdout.strip()
+        broker("topics", "--run", self.run_id, "--regions", ",".join(self.regions), "--partitions",
+               str(partitions or self.fragments))
+        self.info["bootstrap"] = self.servers
+
+    def _common(self):
+        sets = [a for o in self.overrides + [f"run.id=\"{self.run_id}\""] for a in ("--set", o)]
+        return ["-c", self.config_path, *sets, "--bootstrap", self.servers]
+
+    def _start(self, name, role, argv):
+        old = self.children.get(name)
+        if old and old.running():
+            raise RuntimeError(f"{name} is still running")
+        if old:
+            old.close()
+        self.children[name] = Child(name, role, argv, os.path.join(self.run_dir, f"{name}.log"))
+        return self.children[name]
+
+    def start_merger(self, name):
+        return self._start(name, "merger", [os.path.join(self.bin_dir, "diloco-merger"), *self._common(), "--id", name,
+                                            "--run-dir", os.path.join(self.run_dir, name)])
+
+    def start_learner(self, i, max_seconds=None):
+        """Learner i (again, under the same id, after a failure); max_seconds: its time budget."""
+        name = self.learner_names[i]
+        max_seconds = self.max_seconds if max_seconds is None else max_seconds
+        return self._start(name, "learner",
+                           [os.path.join(self.bin_dir, "diloco-learner"), *self._common(), "--id", name, "--index", str(i),
+                            "--learners", str(self.learners), "--region", self.regions[i % len(self.regions)],
+                            "--regions", ",".join(self.regions), "--steps", str(self.steps),
+                            "--speed-factor", str(self.speed_of(i)), "--run-dir", os.path.join(self.run_dir, name)]
+                           + (["--max-seconds", f"{max_seconds:.1f}"] if max_seconds else []))
+
+    def start_eval(self):
+        return self._start("eval", "eval",
+                           [os.path.join(self.bin_dir, "diloco-learner"), *self._common(), "--id", "eval", "--eval-only",
+                            "--region", self.regions[0], "--regions", ",".join(self.regions), "--eval-interval",
+                            str(self.eval_interval), "--export", self.final_model,
+                            "--run-dir", os.path.join(self.run_dir, "eval")])
+
+    def start(self):
+        for name in self.merger_names:
+            self.start_merger(name)
+        for i in range(self.learners):
+            self.start_learner(i)
+        self.start_eval()
+        self.start_time = time.time()
+        say(f"run {self.run_id}: {self.mergers} merger(s), {self.learners} learner(s) over {','.join(self.regions)}, "
+            f"{self.steps} steps each ({self.steps * self.info['tokens_per_step'] * self.learners:,} tokens); "
+            f"run folder {self.run_dir}")
+
+    def of_role(self, role):
+        return [c for c in self.children.values() if c.role == role]
+
+    def crashed(self, expected=()):
+        """The first child that exited with an error code, other than those named in `expected`."""
+        for c in self.children.values():
+            if c.name not in expected and not c.running() and c.proc.returncode != 0:
+                return c
+        return None
+
+    def stop(self, view, failure=None):
+        """Stops in an order that loses nothing: learners flush their deltas; the mergers merge them;
+        the evaluator measures and exports the last versions; the mergers record what they still
+        hold. Returns the exit codes."""
+        codes = {}
+        for c in self.of_role("learner"):
+            codes[c.name] = c.stop(20)
+        # The mergers' last merges: wait until no merge came for 4 s (at most 60 s).
+        drain_start = quiet_since = time.time()
+        last_merges = view.merges
+        while time.time() - quiet_since < 4 and time.time() - drain_start < 60 and not failure:
+            time.sleep(0.5)
+            view.update()
+            if view.merges != last_merges:
+                quiet_since, last_merges = time.time(), view.merges
+        for c in self.of_role("eval"):
+            codes[c.name] = c.stop(120)
+        for c in self.of_role("merger"):
+            codes[c.name] = c.stop(60)
+        return codes
+
+    def kill(self):
+        for c in self.children.values():
+            if c.running():
+                c.signal(signal.SIGCONT)
+                c.signal(signal.SIGKILL)
+                c.wait(10)
+
+    def finish(self, reason, codes):
+        """Stops the broker if this run started it and writes run.json."""
+        if self.started_broker:
+            broker("stop", check=False)
+            self.started_broker = False
+        self.info.update(end_time=time.strftime("%Y-%m-%dT%H:%M:%S%z"), stop_reason=reason, exit_codes=codes,
+                         wall_seconds=round(time.time() - (self.start_time or time.time()), 1))
+        with open(os.path.join(self.run_dir, "run.json"), "w") as f:
+            json.dump(self.info, f, indent=2)
+
+    def sample_and_report(self):
+        if os.path.exists(self.final_model):
+            sample = subprocess.run([os.path.join(self.bin_dir, "diloco-sample"), self.final_model, "--prompt",
+                                     "And God said", "--length", "300", "--temperature", "0.8"],
+                                    capture_output=True, text=True)
+            if sample.returncode == 0:
+                with open(os.path.join(self.run_dir, "sample.txt"), "w") as f:
+                    f.write(sample.stdout)
+                print(f"\nA sample of the final global model (diloco-sample {self.final_model}):\n")
+                print(sample.stdout, flush=True)
+            else:
+                say(f"diloco-sample failed: {sample.stderr.strip()}")
+        else:
+            say("no final model was exported (the evaluator saw no merged version)")
+        report = subprocess.run([os.path.join(ROOT, "scripts", "report"), self.run_dir], capture_output=True, text=True)
+        if report.returncode != 0:
+            say(f"the report failed: {report.stderr.strip()}")
+        else:
+            say(f"report: {os.path.join(self.run_dir, 'report', 'index.html')}")
+
+
+def cluster_from_args(args):
+    """The Cluster that the command line and the config describe (shared by scripts/chaos)."""
     # A path relative to the working directory, or else to the repository (configs/demo.toml).
     config_path = os.path.abspath(args.config)
     if not os.path.isfile(config_path):
         config_path = os.path.join(ROOT, args.config)
     if not os.path.isfile(config_path):
         fail(f"no config file '{args.config}' (try configs/demo.toml or configs/tiny.toml)")
-    config = load_config(config_path, args.overrides)
+    config = load_config(args.bin_dir, config_path, args.overrides)
     learners, regions, mergers, speed, eval_interval = cluster_shape(config, args)
-    train = config.get("train", {})
-    model = config.get("model", {})
-    tokens_per_step = int(train.get("batch", 32)) * int(model.get("context", 128))
-    steps = args.steps or int(train.get("total_steps", 1000))
+    tokens_per_step = int(config["train"]["batch"]) * int(config["model"]["context"])
+    steps = args.steps or int(config["train"]["total_steps"])
     if args.tokens:
         steps = max(1, -(-int(args.tokens) // (learners * tokens_per_step)))
-    fragments = int(config.get("diloco", {}).get("fragments", 4))
+    fragments = int(config["diloco"]["fragments"])
     for tool in ("diloco-learner", "diloco-merger", "diloco-sample"):
         if not os.access(os.path.join(args.bin_dir, tool), os.X_OK):
             fail(f"{tool} is not built in {args.bin_dir} (scripts/run-local builds it; or set --bin-dir)")
-
-    run_id = f"{config.get('run', {}).get('id', 'run')}-{time.strftime('%Y%m%d-%H%M%S')}"
+    run_id = f"{config['run']['id']}-{time.strftime('%Y%m%d-%H%M%S')}"
     run_dir = os.path.abspath(args.run_dir or os.path.join(ROOT, "runs", run_id))
-    os.makedirs(run_dir, exist_ok=True)
-    write_run_config(config_path, args.overrides, run_id, os.path.join(run_dir, "config.toml"))
-    run_info = {"run_id": run_id, "config": os.path.relpath(config_path, ROOT), "overrides": args.overrides,
-                "learners": learners, "regions": regions, "mergers": mergers,
-                "speed_factors": [speed[i] if i < len(speed) else 1.0 for i in range(learners)],
-                "steps_per_learner": steps, "tokens_per_step": tokens_per_step,
-                "max_seconds": args.max_seconds, "start_time": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    return Cluster(config_path, args.overrides, learners, regions, mergers, speed, eval_interval, steps,
+                   args.max_seconds, run_dir, args.bin_dir, run_id, tokens_per_step, fragments)
 
-    started_broker = broker("status", check=False).returncode != 0
-    if started_broker:
-        say("starting the Kafka broker")
-        broker("start")
-    servers = broker("servers").stdout.strip()
-    broker("topics", "--run", run_id, "--regions", ",".join(regions), "--partitions", str(fragments))
-    run_info["bootstrap"] = servers
 
-    sets = [a for o in args.overrides + [f"run.id=\"{run_id}\""] for a in ("--set", o)]
-    common = ["-c", config_path, *sets, "--bootstrap", servers]
-    learner_bin = os.path.join(args.bin_dir, "diloco-learner")
-    merger_bin = os.path.join(args.bin_dir, "diloco-merger")
-    children = []
-
-    def start(name, role, argv):
-        children.append(Child(name, role, argv, os.path.join(run_dir, f"{name}.log")))
-
+def main():
+    args = parse_args()
+    cluster = cluster_from_args(args)
     stop_requested = []
     signal.signal(signal.SIGINT, lambda *_: stop_requested.append("Ctrl-C"))
     signal.signal(signal.SIGTERM, lambda *_: stop_requested.append("SIGTERM"))
+    try:
+        cluster.prepare_broker()
+        cluster.start()
+        view = View(cluster.run_dir, cluster.learner_names, cluster.merger_names, cluster.fragments, cluster.steps)
+        tty = sys.stdout.isatty()
+        last_line = 0.0
+        failure = None
+        while not stop_requested:
+            time.sleep(1.0 if tty else 0.5)
+            view.update()
+            elapsed = time.time() - cluster.start_time
+            time_left = max(0.0, args.max_seconds - elapsed) if args.max_seconds else None
+            if tty:
+                sys.stdout.write(render_screen(view, cluster.run_id, elapsed, time_left))
+                sys.stdout.flush()
+            elif time.time() - last_line >= 5:
+                last_line = time.time()
+                print(summary_line(view, elapsed), flush=True)
+            c = cluster.crashed()
+            if c:
+                failure = f"{c.name} exited with code {c.proc.returncode}; the end of {c.log_path}:\n{c.tail()}"
+                break
+            if not any(c.running() for c in cluster.of_role("learner")):
+                break
+            if args.max_seconds and elapsed > args.max_seconds + 30:
+                stop_requested.append("time budget")
 
-    merger_names = [f"merger-{m}" for m in range(mergers)]
-    learner_names = [f"learner-{i}" for i in range(learners)]
-    for name in merger_names:
-        start(name, "merger", [merger_bin, *common, "--id", name, "--run-dir", os.path.join(run_dir, name)])
-    for i, name in enumerate(learner_names):
-        factor = speed[i] if i < len(speed) else 1.0
-        start(name, "learner", [learner_bin, *common, "--id", name, "--index", str(i), "--learners", str(learners),
-                                "--region", regions[i % len(regions)], "--regions", ",".join(regions),
-                                "--steps", str(steps), "--speed-factor", str(factor),
-                                "--run-dir", os.path.join(run_dir, name)]
-              + (["--max-seconds", str(args.max_seconds)] if args.max_seconds else []))
-    final_model = os.path.join(run_dir, "final_model.pt")
-    start("eval", "eval", [learner_bin, *common, "--id", "eval", "--eval-only", "--region", regions[0],
-                           "--regions", ",".join(regions), "--eval-interval", str(eval_interval),
-                           "--export", final_model, "--run-dir", os.path.join(run_dir, "eval")])
-    say(f"run {run_id}: {mergers} merger(s), {learners} learner(s) over {','.join(regions)}, "
-        f"{steps} steps each ({steps * tokens_per_step * learners:,} tokens); run folder {run_dir}")
-
-    view = View(run_dir, learner_names, merger_names, fragments, steps)
-    tty = sys.stdout.isatty()
-    start_time = time.time()
-    last_line = 0.0
-    failure = None
-    while not stop_requested:
-        time.sleep(1.0 if tty else 0.5)
+        reason = stop_requested[0] if stop_requested else ("a process failed" if failure else "budget reached")
+        say(f"stopping ({reason})")
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        codes = cluster.stop(view, failure)
         view.update()
-        elapsed = time.time() - start_time
-        time_left = max(0.0, args.max_seconds - elapsed) if args.max_seconds else None
         if tty:
-            sys.stdout.write(render_screen(view, run_id, elapsed, time_left))
-            sys.stdout.flush()
-        elif time.time() - last_line >= 5:
-            last_line = time.time()
-            print(summary_line(view, elapsed), flush=True)
-        crashed = [c for c in children if not c.running() and c.proc.returncode != 0]
-        if crashed:
-            c = crashed[0]
-            failure = f"{c.name} exited with code {c.proc.returncode}; the end of {c.log_path}:\n{c.tail()}"
-            break
-        if not any(c.running() for c in children if c.role == "learner"):
-            break
-        if args.max_seconds and elapsed > args.max_seconds + 30:
-            stop_requested.append("time budget")
-
-    # Stop in an order that loses nothing: learners flush their deltas; the mergers merge them;
-    # the evaluator measures and exports the last versions; the mergers record what they still hold.
-    reason = stop_requested[0] if stop_requested else ("a process failed" if failure else "budget reached")
-    say(f"stopping ({reason})")
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    codes = {}
-    for c in children:
-        if c.role == "learner":
-            codes[c.name] = c.stop(20)
-    # The mergers' last merges: wait until no merge came for 4 s (at most 60 s).
-    drain_start = quiet_since = time.time()
-    last_merges = view.merges
-    while time.time() - quiet_since < 4 and time.time() - drain_start < 60 and not failure:
-        time.sleep(0.5)
-        view.update()
-        if view.merges != last_merges:
-            quiet_since, last_merges = time.time(), view.merges
-    for c in children:
-        if c.role == "eval":
-            codes[c.name] = c.stop(120)
-    for c in children:
-        if c.role == "merger":
-            codes[c.name] = c.stop(60)
-    view.update()
-    if tty:
-        sys.stdout.write(render_screen(view, run_id, time.time() - start_time, None))
-    print(summary_line(view, time.time() - start_time), flush=True)
-    if started_broker:
-        broker("stop", check=False)
-
-    run_info.update(end_time=time.strftime("%Y-%m-%dT%H:%M:%S%z"), stop_reason=reason, exit_codes=codes,
-                    wall_seconds=round(time.time() - start_time, 1))
-    with open(os.path.join(run_dir, "run.json"), "w") as f:
-        json.dump(run_info, f, indent=2)
+            sys.stdout.write(render_screen(view, cluster.run_id, time.time() - cluster.start_time, None))
+        print(summary_line(view, time.time() - cluster.start_time), flush=True)
+        cluster.finish(reason, codes)
+    except BaseException:
+        # Whatever went wrong in this launcher, no child outlives it.
+        cluster.kill()
+        if cluster.started_broker:
+            broker("stop", check=False)
+        raise
     if failure:
         fail(failure)
     bad = {n: c for n, c in codes.items() if c not in (0, None)}
     if bad:
-        say(f"some processes did not exit cleanly: {bad} (logs in {run_dir})")
-
+        say(f"some processes did not exit cleanly: {bad} (logs in {cluster.run_dir})")
     if not args.no_report:
-        if os.path.exists(final_model):
-            sample = subprocess.run([os.path.join(args.bin_dir, "diloco-sample"), final_model, "--prompt",
-                                     "And God said", "--length", "300", "--temperature", "0.8"],
-                                    capture_output=True, text=True)
-            if sample.returncode == 0:
-                with open(os.path.join(run_dir, "sample.txt"), "w") as f:
-                    f.write(sample.stdout)
-                print(f"\nA sample of the final global model (diloco-sample {final_model}):\n")
-                print(sample.stdout, flush=True)
-            else:
-                say(f"diloco-sample failed: {sample.stderr.strip()}")
-        else:
-            say("no final model was exported (the evaluator saw no merged version)")
-        report = subprocess.run([os.path.join(ROOT, "scripts", "report"), run_dir], capture_output=True, text=True)
-        if report.returncode != 0:
-            say(f"the report failed: {report.stderr.strip()}")
-        else:
-            say(f"report: {os.path.join(run_dir, 'report', 'index.html')}")
-    say(f"run folder: {run_dir}")
+        cluster.sample_and_report()
+    say(f"run folder: {cluster.run_dir}")
     sys.exit(1 if bad else 0)
 
 

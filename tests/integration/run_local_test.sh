@@ -103,3 +103,28 @@ grep -q "stopping (Ctrl-C)" "$tmp/int.out" || { cat "$tmp/int.out"; fail "Ctrl-C
 check_no_leftovers "$run"
 check_folder "$run" 4
 pass "Ctrl-C stops every process and leaves a complete run folder"
+
+# 3. A process that fails: run-local names it, stops the others and leaves nothing behind. The
+# config leaves train.batch and model.context out, so run.json shows the binaries' defaults.
+run="$tmp/failing"
+grep -v -E '^(batch|context) *=' "$root/configs/tiny.toml" >"$tmp/no-batch.toml"
+defaults="$("$DILOCO_BIN_DIR/diloco-learner" -c "$tmp/no-batch.toml" --print-config)"
+want_tokens="$(/usr/bin/python3 -c "import json,sys; c=json.loads(sys.argv[1]); print(c['train']['batch'] * c['model']['context'])" "$defaults")"
+if DILOCO_FAULT_FAIL_COMMIT=bogus "$root/scripts/run-local" "$tmp/no-batch.toml" --steps 100000 --no-report --run-dir "$run" \
+     </dev/null >"$tmp/failing.out" 2>&1; then
+  fail "run-local exited 0 although its merger failed"
+fi
+grep -q "merger-0 exited with code" "$tmp/failing.out" || { cat "$tmp/failing.out"; fail "the failed process is not named"; }
+grep -q "DILOCO_FAULT_FAIL_COMMIT must be a count" "$tmp/failing.out" || { cat "$tmp/failing.out"; fail "the merger's error is not shown"; }
+check_no_leftovers "$run"
+got_tokens="$(/usr/bin/python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['tokens_per_step'])" "$run/run.json")"
+[[ "$got_tokens" == "$want_tokens" ]] || fail "run.json has tokens_per_step $got_tokens, the binaries' defaults give $want_tokens"
+pass "a failing process stops the run with its error, nothing is left behind, defaults come from the binaries"
+
+# 4. A bad config is refused before anything starts, with the binaries' message.
+if "$root/scripts/run-local" configs/tiny.toml --set train.batch=0 --run-dir "$tmp/bad" </dev/null >"$tmp/bad.out" 2>&1; then
+  fail "run-local accepted train.batch=0"
+fi
+grep -q "train.batch must be at least 1" "$tmp/bad.out" || { cat "$tmp/bad.out"; fail "the config error is not shown"; }
+check_no_leftovers "$tmp/bad"
+pass "a bad config is refused before any process starts"

@@ -257,6 +257,16 @@ TEST_CASE("the merger section: paper defaults, overrides and range checks", "[co
   apply_override(d, "merger.outer_momentum=1.0");
   CHECK_THROWS_WITH(validate_run_config(d), Catch::Contains("merger.outer_momentum must be in [0, 1)"));
   CHECK_THROWS_WITH(parse_run_config("[merger]\nquorom = 2\n", "m.toml"), Catch::Contains("merger.quorom"));
+  for (const char* bad : {"0.5", "-1"}) {
+    RunConfig e = parse_run_config("", "empty");
+    apply_override(e, std::string("merger.max_norm_ratio=") + bad);
+    CHECK_THROWS_WITH(validate_run_config(e), Catch::Contains("merger.max_norm_ratio must be 0 (no bound) or at least 1"));
+  }
+  for (const char* good : {"0", "1", "250"}) {
+    RunConfig e = parse_run_config("", "empty");
+    apply_override(e, std::string("merger.max_norm_ratio=") + good);
+    CHECK_NOTHROW(validate_run_config(e));
+  }
 }
 
 TEST_CASE("the merger's outer optimizers: names, their settings and their checks", "[config]") {

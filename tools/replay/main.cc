@@ -12,7 +12,7 @@ using namespace diloco;
 
 namespace {
 
-// Exit codes: 0 done (verify: every checksum matches), 1 verify found a mismatch, 2 the command
+// Exit codes: 0 done (verify: every checksum matches), 1 verify or audit found a problem, 2 the command
 // could not run (usage, config, missing run/topic/version, no broker), 3 a bug.
 constexpr int kMismatch = 1;
 constexpr int kCannotRun = 2;
@@ -34,9 +34,10 @@ int main(int argc, char** argv) {
       "or a finished one. `list` and `show` tell which learner sent what and what became of it (merged into\n"
       "version v with weight w and staleness s, dropped and why, pending, or rejected by strict decoding);\n"
       "`dump` and `rebuild` write tensors for libtorch; `verify` rebuilds every version and checks every\n"
-      "checksum; `remerge` re-runs the merge policy with other settings.\n"
+      "checksum; `audit` checks that every delta was merged once or dropped with a reason; `remerge`\n"
+      "re-runs the merge policy with other settings.\n"
       "Common options go before or after the command: diloco-replay -c configs/tiny.toml verify\n"
-      "Exit codes: 0 done, 1 verify found a mismatch, 2 the command could not run (usage, config, missing\n"
+      "Exit codes: 0 done, 1 verify or audit found a problem, 2 the command could not run (usage, config, missing\n"
       "run, topic or version, no broker), 3 internal error.\n"};
   app.require_subcommand(1);
   app.fallthrough();
@@ -125,6 +126,19 @@ int main(int argc, char** argv) {
       "first mismatch of each fragment with its topic[partition]@offset, progress on stderr. Exit 0 on\n"
       "pass, 1 on a mismatch, 2 when it cannot run.\n");
 
+  bool audit_json = false;
+  auto* audit_cmd = app.add_subcommand("audit", "checks that no delta was lost or merged twice and versions move forward");
+  audit_cmd->footer(
+      "Reads every delta, merge record and rejection of the run and checks the invariants of a run's logs:\n"
+      "every delta merged into exactly one version, dropped for good with a reason, rejected by a merger,\n"
+      "or recorded as pending at a clean stop (after a clean stop, anything else is a lost delta); no\n"
+      "learner with two merged deltas on the same base of a fragment (progress counted twice); per\n"
+      "fragment, every version one above the last; no merges partition left with an open transaction.\n"
+      "Run `verify` too for the checksums. Exit 0 on pass, 1 on a problem, 2 when it cannot run.\n"
+      "--json: {ok, deltas, merge_records, merged, dropped: {reason: n}, pending_at_stop, rejected,\n"
+      "problems: [...], versions: {fragment: [{version, checksum, time_ms}]}}.\n");
+  audit_cmd->add_flag("--json", audit_json, "one JSON document instead of text");
+
   RemergeOptions remerge_o;
   std::string rule, optimizer;
   float alpha = 0, lr = 0, momentum = 0;
@@ -186,6 +200,7 @@ int main(int argc, char** argv) {
       rebuild(run, rebuild_o, std::cout);
     }
     if (verify_cmd->parsed()) return print_verify(verify(run, std::cerr));
+    if (audit_cmd->parsed()) return print_audit(audit(run), audit_json, std::cout) == 0 ? 0 : kMismatch;
     if (remerge_cmd->parsed()) print_remerge(remerge(run, remerge_o, std::cerr), remerge_json, std::cout);
     return 0;
   } catch (const InternalError& e) {

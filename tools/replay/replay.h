@@ -14,6 +14,7 @@
 #include <iosfwd>
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -146,6 +147,40 @@ struct VerifyReport {
 // checking every merge record's checksum and every later checkpoint against the rebuilt state.
 // Progress goes to `progress`.
 VerifyReport verify(const ReplayRun& run, std::ostream& progress);
+
+// ---- audit ---------------------------------------------------------------------------------
+
+// A run checked from its logs alone (invariants 1 and 2 of ARCHITECTURE.md section 8, as far as
+// the logs show them).
+struct AuditedVersion {
+  uint64_t version = 0;
+  uint64_t checksum = 0;
+  int64_t time_ms = 0;  // the record's Kafka timestamp
+};
+struct RunAudit {
+  std::set<Position> deltas;             // every delta in the region topics
+  std::map<Position, int> final_count;   // merged or dropped for good
+  std::map<Position, int> merged_count;
+  std::set<Position> pending_at_stop;
+  std::set<Position> rejected;           // named by the `rejected` topic
+  std::map<std::string, size_t> dropped;  // by reason
+  // (fragment, learner, base version) -> merged deltas
+  std::map<std::tuple<uint32_t, std::string, uint64_t>, int> merged_on_base;
+  std::map<uint32_t, std::vector<AuditedVersion>> versions;  // per fragment, in log order (merges only)
+  size_t merges = 0;
+  std::vector<std::string> problems;
+  bool ok() const { return problems.empty(); }
+};
+// Reads every delta, merge record and rejection and checks: every delta is accounted for exactly
+// once (merged into one version, dropped for good with a reason, or rejected by a merger) or
+// recorded as pending at a clean stop; no delta is merged twice; no learner has two merged deltas
+// on the same base of a fragment (its progress would count twice); per fragment, versions only
+// move forward by one. A merges partition whose transaction stays open (a killed merger's, until
+// the broker aborts it) is a problem too. Waits up to the run's timeout for open transactions.
+RunAudit audit(const ReplayRun& run);
+// A summary and one line per problem, or (json) one JSON document with the counts, the problems
+// and every version's checksum and record time. Returns 0 when the audit passed, else 1.
+int print_audit(const RunAudit& audit, bool json, std::ostream& out);
 
 // ---- remerge --------------------------------------------------------------------------------
 

@@ -1,0 +1,125 @@
+// diloco-replay audit: the run's invariants checked from its logs (replay.h).
+#include <ostream>
+
+#include <nlohmann/json.hpp>
+
+#include "core/kafka/consumer.h"
+#include "tools/replay/replay.h"
+
+namespace diloco {
+
+namespace {
+
+std::string where(const Position& p) {
+  return std::get<0>(p) + "[" + std::to_string(std::get<1>(p)) + "]@" + std::to_string(std::get<2>(p));
+}
+
+}  // namespace
+
+RunAudit audit(const ReplayRun& run) {
+  const DecodeLimits limits = run.limits();
+  RunAudit a;
+  read_to_end(run.kafka, run.delta_topics, [&](const ConsumedMessage& m) { a.deltas.insert({m.topic, m.partition, m.offset}); },
+              run.timeout_ms);
+  read_to_end(run.kafka, {run.topics.rejected()}, [&](const ConsumedMessage& m) {
+    try {
+      a.rejected.insert(position_key(decode_rejected(m.value, limits).source));
+    } catch (const InvalidInput& e) {
+      a.problems.push_back("rejected@" + std::to_string(m.offset) + " does not decode: " + e.what());
+    }
+  }, run.timeout_ms);
+  // The last commit's markers, or a killed merger's transaction until the broker aborts it, can
+  // still hold back the end a read_committed reader sees.
+  std::vector<TopicPartitionOffset> merge_partitions;
+  for (int p = 0; p < run.partitions; ++p) merge_partitions.push_back({run.topics.merges(), p, 0});
+  for (const auto& u : wait_until_stable(run.kafka, merge_partitions, run.timeout_ms))
+    a.problems.push_back(u.topic + "[" + std::to_string(u.partition) + "] has a transaction open at " +
+                         std::to_string(u.stable) + " (end " + std::to_string(u.high) + ")");
+  read_to_end(
+      run.kafka, {run.topics.merges()},
+      [&](const ConsumedMessage& m) {
+        MergeRecord r;
+        try {
+          r = decode_merge_record(m.value, limits);
+        } catch (const InvalidInput& e) {
+          a.problems.push_back("merges[" + std::to_string(m.partition) + "]@" + std::to_string(m.offset) +
+                               " does not decode: " + e.what());
+          return;
+        }
+        if (!r.inputs.empty()) {
+          ++a.merges;
+          auto& v = a.versions[r.fragment];
+          if (r.version != r.prev_version + 1)
+            a.problems.push_back("record " + std::to_string(m.offset) + " of fragment " + std::to_string(r.fragment) +
+                                 " jumps from " + std::to_string(r.prev_version) + " to " + std::to_string(r.version));
+          if (!v.empty() && r.prev_version != v.back().version)
+            a.problems.push_back("fragment " + std::to_string(r.fragment) + ": version " + std::to_string(r.version) +
+                                 " follows " + std::to_string(v.back().version));
+          v.push_back({r.version, r.checksum, m.timestamp_ms});
+        }
+        for (const auto& in : r.inputs) {
+          const Position key = position_key(in.position);
+          ++a.final_count[key];
+          ++a.merged_count[key];
+          ++a.merged_on_base[{r.fragment, in.learner_id, in.base_version}];
+        }
+        for (const auto& d : r.dropped) {
+          if (d.reason == DropReason::PendingAtStop) {
+            a.pending_at_stop.insert(position_key(d.delta.position));
+          } else {
+            ++a.final_count[position_key(d.delta.position)];
+            ++a.dropped[drop_reason_name(d.reason)];
+          }
+        }
+      },
+      run.timeout_ms);
+  for (const auto& [pos, n] : a.merged_count)
+    if (n > 1) a.problems.push_back("delta " + where(pos) + " merged " + std::to_string(n) + " times");
+  for (const auto& [pos, n] : a.final_count)
+    if (n > 1) a.problems.push_back("delta " + where(pos) + " accounted " + std::to_string(n) + " times");
+  for (const auto& [key, n] : a.merged_on_base)
+    if (n > 1)
+      a.problems.push_back("learner " + std::get<1>(key) + " has " + std::to_string(n) + " merged deltas on base " +
+                           std::to_string(std::get<2>(key)) + " of fragment " + std::to_string(std::get<0>(key)));
+  for (const auto& pos : a.rejected)
+    if (a.final_count.contains(pos)) a.problems.push_back("delta " + where(pos) + " both rejected and in a record");
+  for (const auto& pos : a.deltas)
+    if (!a.final_count.contains(pos) && !a.pending_at_stop.contains(pos) && !a.rejected.contains(pos))
+      a.problems.push_back("delta " + where(pos) + " is neither merged, dropped, rejected nor recorded pending");
+  return a;
+}
+
+int print_audit(const RunAudit& a, bool json, std::ostream& out) {
+  size_t merged = 0;
+  for (const auto& [pos, n] : a.merged_count) merged += n > 0;
+  size_t dropped = 0;
+  for (const auto& [reason, n] : a.dropped) dropped += n;
+  if (json) {
+    nlohmann::json versions = nlohmann::json::object();
+    for (const auto& [fragment, list] : a.versions) {
+      auto& v = versions[std::to_string(fragment)] = nlohmann::json::array();
+      for (const auto& x : list) v.push_back({{"version", x.version}, {"checksum", x.checksum}, {"time_ms", x.time_ms}});
+    }
+    out << nlohmann::json{{"ok", a.ok()},
+                          {"deltas", a.deltas.size()},
+                          {"merge_records", a.merges},
+                          {"merged", merged},
+                          {"dropped", a.dropped},
+                          {"pending_at_stop", a.pending_at_stop.size()},
+                          {"rejected", a.rejected.size()},
+                          {"problems", a.problems},
+                          {"versions", versions}}
+               .dump()
+        << "\n";
+  } else {
+    out << a.deltas.size() << " deltas: " << merged << " merged, " << dropped << " dropped";
+    for (const auto& [reason, n] : a.dropped) out << (reason == a.dropped.begin()->first ? " (" : ", ") << reason << " " << n;
+    out << (a.dropped.empty() ? "" : ")") << ", " << a.pending_at_stop.size() << " pending at a clean stop, "
+        << a.rejected.size() << " rejected; " << a.merges << " merges over " << a.versions.size() << " fragments\n";
+    for (const auto& p : a.problems) out << "PROBLEM " << p << "\n";
+    out << (a.ok() ? "PASS" : "FAIL") << "\n";
+  }
+  return a.ok() ? 0 : 1;
+}
+
+}  // namespace diloco
