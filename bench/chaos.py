@@ -78,7 +78,7 @@ def summary(args, results, info):
                          + f" (each learner down about {100 * down_share(n):.0f}% of the time)"
                          for n, r in RATES.items() if n in args.rates), "",
              "| rate | mode | seed | checks | faults | goodput | goodput of up time | longest stall s (merger alive) "
-             "| median merge interval s | merges | final loss | deltas merged / sent |",
+             "| a fragment's merge interval s | merges | final loss | deltas merged / sent |",
              "|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in results:
         c = r.get("result") or {}
@@ -88,7 +88,7 @@ def summary(args, results, info):
         lines.append(f"| {r['rate']} | {r['mode']} | {r['seed']} | {checks} | {c.get('faults', '-')} | "
                      f"{fmt(c.get('goodput'))} | {fmt(c.get('goodput_of_available'))} | "
                      f"{c.get('longest_stall_seconds', '-')} ({c.get('longest_stall_while_a_merger_lives_seconds', '-')}) | "
-                     f"{c.get('median_merge_interval_seconds', '-')} | {c.get('merges', '-')} | {fmt(c.get('final_loss'))} | "
+                     f"{c.get('fragment_merge_interval_seconds', '-')} | {c.get('merges', '-')} | {fmt(c.get('final_loss'))} | "
                      f"{d.get('merged', '-')} / {d.get('sent', '-')} |")
     lines += ["", "## Means", "", "| rate | mode | runs | all checks pass | goodput | goodput of up time | "
               "longest stall s | final loss |", "|---|---|---:|---|---:|---:|---:|---:|"]

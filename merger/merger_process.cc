@@ -23,6 +23,7 @@
 #include "core/zmq/params_channel.h"
 #include "merger/fragment_merger.h"
 #include "merger/grace_window.h"
+#include "merger/log_writer.h"
 #include "merger/membership.h"
 #include "merger/recovery.h"
 
@@ -105,14 +106,12 @@ class MergerProcess : public RebalanceListener {
   MergeRecord accounting_record(uint32_t p, std::vector<DroppedDelta> dropped) const;
   std::vector<TopicPartitionOffset> committed_offsets();
   void log(nlohmann::json record);
-  void begin();
-  void finish_transaction(const std::vector<TopicPartitionOffset>& offsets);
+  int32_t partition_of(uint32_t fragment) const { return static_cast<int32_t>(fragment % static_cast<uint32_t>(partitions_)); }
 
   const MergerOptions& o_;
   const MergerTimeouts& t_;
   const std::atomic<bool>& stop_;
   const MergerFaults faults_ = MergerFaults::from_environment();
-  int commits_ = 0;     // merge commits attempted (fault injection counts them)
   int recoveries_ = 0;  // recoveries attempted
   ModelSetup setup_;
   RunTopics topics_;
@@ -131,12 +130,9 @@ class MergerProcess : public RebalanceListener {
   zmq::context_t zmq_{1};
   std::unique_ptr<ParamsPublisher> publisher_;
   std::unique_ptr<Consumer> consumer_;
-  std::unique_ptr<Producer> txn_;
+  std::unique_ptr<LogWriter> writer_;
   std::unique_ptr<Producer> plain_;
   std::unique_ptr<Consumer> members_;
-  // Delivery of the transactional producer: token -> position (or error).
-  std::map<uint64_t, DeliveryReport> delivered_;
-  uint64_t next_token_ = 1;
   // Set by the rebalance callback (a new assignment) or by a failure in the loop; the loop
   // rebuilds the owned fragments before it handles another delta. After a failure the consumer
   // is also rewound to the committed offsets, so that every delta held in memory is read again.
@@ -166,14 +162,6 @@ std::vector<uint32_t> MergerProcess::fragments_of(int32_t partition) const {
   return out;
 }
 
-void MergerProcess::begin() { txn_->begin_transaction(); }
-
-// Commits the open transaction with the consumed offsets `offsets` (see offsets_to_commit).
-void MergerProcess::finish_transaction(const std::vector<TopicPartitionOffset>& offsets) {
-  if (!offsets.empty()) txn_->send_offsets_to_transaction(offsets, consumer_->raw(), t_.send_offsets_ms);
-  txn_->commit_transaction(t_.commit_ms);
-}
-
 std::vector<TopicPartitionOffset> MergerProcess::offsets_to_commit() const {
   // A partition's offset may not pass a delta some fragment still holds (pending, or dropped but
   // not yet in a committed record): after a crash it must be read again. Deltas re-read that a
@@ -199,14 +187,10 @@ std::vector<TopicPartitionOffset> MergerProcess::offsets_holding(const std::vect
 
 void MergerProcess::write_genesis(const std::vector<uint32_t>& fragments) {
   if (fragments.empty()) return;
-  begin();
-  for (uint32_t p : fragments) {
-    auto bytes = encode_fragment_state(owned_.at(p).state);
-    txn_->produce({.topic = topics_.state(), .partition = static_cast<int32_t>(p % static_cast<uint32_t>(partitions_)),
-                   .key = std::to_string(p), .value = bytes},
-                  next_token_++, t_.produce_ms);
-  }
-  finish_transaction(committed_offsets());
+  std::vector<LogWrite> writes;
+  for (uint32_t p : fragments)
+    writes.push_back({topics_.state(), partition_of(p), std::to_string(p), encode_fragment_state(owned_.at(p).state)});
+  writer_->commit(writes, committed_offsets(), *consumer_);
   for (uint32_t p : fragments) log({{"event", "genesis"}, {"fragment", p}});
 }
 
@@ -366,7 +350,6 @@ void MergerProcess::handle_delta(const ConsumedMessage& message) {
 // or before its own, where recovery starts reading: recover_partition).
 void MergerProcess::commit(uint32_t p, MergeRecord& record, bool write_state) {
   auto& f = owned_.at(p);
-  const int32_t partition = static_cast<int32_t>(p % static_cast<uint32_t>(partitions_));
   f.scratch.last_merge = f.state.last_merge;
   f.scratch.accounted = f.state.accounted;
   f.scratch.merged_bases = f.state.merged_bases;
@@ -374,32 +357,15 @@ void MergerProcess::commit(uint32_t p, MergeRecord& record, bool write_state) {
   account(f.scratch, record);
   const auto offsets = offsets_to_commit();
   prune_recent(f.scratch, offsets);
-  std::vector<uint8_t> state_bytes;
+  std::vector<LogWrite> writes;
+  writes.push_back({topics_.merges(), partition_of(p), std::to_string(p), encode_merge_record(record)});
   if (write_state) {
     f.scratch.consumed.clear();
     for (const auto& tp : offsets) f.scratch.consumed.push_back({tp.topic, tp.partition, tp.offset});
-    state_bytes = encode_fragment_state(f.scratch);
+    writes.push_back({topics_.state(), partition_of(p), std::to_string(p), encode_fragment_state(f.scratch)});
   }
-  const auto record_bytes = encode_merge_record(record);
-
-  begin();
-  const uint64_t token = next_token_++;
-  txn_->produce({.topic = topics_.merges(), .partition = partition, .key = std::to_string(p), .value = record_bytes},
-                token, t_.produce_ms);
-  if (write_state)
-    txn_->produce({.topic = topics_.state(), .partition = partition, .key = std::to_string(p), .value = state_bytes},
-                  next_token_++, t_.produce_ms);
-  if (++commits_ == faults_.fail_commit)
-    throw Error("fault injection: commit " + std::to_string(commits_) + " fails");
-  finish_transaction(offsets);
-  // Committed, so every message of it was delivered: the record's own position becomes the next
-  // checkpoint's starting point.
-  auto deadline = Clock::now() + std::chrono::milliseconds(t_.record_ack_ms);
-  while (!delivered_.count(token) && Clock::now() < deadline) txn_->poll(10);
-  if (auto it = delivered_.find(token); it != delivered_.end()) {
-    if (it->second.ok) f.scratch.last_merge = LogPosition{it->second.topic, it->second.partition, it->second.offset};
-    delivered_.erase(it);
-  }
+  // The record's own position becomes the next checkpoint's starting point.
+  if (auto position = writer_->commit(writes, offsets, *consumer_, true)) f.scratch.last_merge = *position;
 }
 
 RoundTiming MergerProcess::round_timing(const FragmentMerger& merger, const MergePlan& plan,
@@ -576,14 +542,11 @@ void MergerProcess::stop_fragments() {
   }
   const auto offsets = offsets_holding(pending);
   if (records.empty() && offsets.empty()) return;
-  begin();
-  for (const auto& record : records) {
-    auto bytes = encode_merge_record(record);
-    txn_->produce({.topic = topics_.merges(), .partition = static_cast<int32_t>(record.fragment % static_cast<uint32_t>(partitions_)),
-                   .key = std::to_string(record.fragment), .value = bytes},
-                  next_token_++, t_.produce_ms);
-  }
-  finish_transaction(offsets);
+  std::vector<LogWrite> writes;
+  for (const auto& record : records)
+    writes.push_back({topics_.merges(), partition_of(record.fragment), std::to_string(record.fragment),
+                      encode_merge_record(record)});
+  writer_->commit(writes, offsets, *consumer_);
   for (const auto& record : records)
     log({{"event", "stop_record"}, {"fragment", record.fragment}, {"version", record.version}, {"held", record.dropped.size()}});
 }
@@ -611,15 +574,8 @@ int MergerProcess::run() {
                          topics_.merges() + " has " + std::to_string(partitions_) + ": recreate the run's topics");
   }
   plain_ = std::make_unique<Producer>(ProducerOptions{.kafka = kafka}, nullptr);
-  // A short transaction timeout: an instance killed mid-transaction holds back read_committed
-  // readers of merges/state only until the broker aborts its transaction.
-  ProducerOptions txn_options{.kafka = kafka, .transactional_id = "diloco." + o_.config.run.id + ".merger." + o_.instance_id,
-                              .transaction_timeout_ms = 10000};
-  txn_ = std::make_unique<Producer>(txn_options, [this](const DeliveryReport& r) {
-    if (!r.ok) request_recovery(true);
-    delivered_[r.token] = r;
-  });
-  txn_->init_transactions(t_.init_transactions_ms);
+  writer_ = std::make_unique<LogWriter>(kafka, "diloco." + o_.config.run.id + ".merger." + o_.instance_id, t_,
+                                        faults_.fail_commit, [this] { request_recovery(true); });
   {
     ConsumerOptions members_options{.kafka = kafka};
     members_options.kafka.client_id = o_.instance_id + "-members";
@@ -660,18 +616,11 @@ int MergerProcess::run() {
           std::cerr << "merger " << o_.instance_id << ": merge of fragment " << p << " failed, recovering: "
                     << e.what() << "\n";
           log({{"event", "merge_failed"}, {"fragment", p}, {"detail", e.what()}});
-          try {
-            txn_->abort_transaction(t_.abort_ms);
-          } catch (const Fenced&) {
-            throw;
-          } catch (const Error&) {
-            // Nothing open, or the broker is away: recovery below waits for it.
-          }
+          writer_->abort();
           request_recovery(true);
           break;
         }
       }
-      delivered_.clear();
       ensure_recovered();
       auto t = Clock::now();
       if (t - last_announce > std::chrono::duration<double>(o_.announce_interval_s)) {

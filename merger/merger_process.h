@@ -1,7 +1,8 @@
 // diloco-merger as a process: a member of the run's merger consumer group that owns whole
 // fragments (range assignor over co-partitioned delta topics), runs one FragmentMerger per owned
 // fragment, commits every merge exactly once (MergeRecord + FragmentState + consumed offsets in
-// one Kafka transaction) and only then publishes the new fragment on ZeroMQ.
+// one Kafka transaction: merger/log_writer.h) and only then publishes the new fragment on ZeroMQ.
+// Membership and liveness are merger/membership.h, rebuilding from the logs merger/recovery.h.
 //
 // Threading: one thread does everything (poll, decode, merge, commit, publish), so the merge
 // order is the consumption order and nothing races on state; rebalance callbacks run inside poll.

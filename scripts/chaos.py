@@ -356,6 +356,15 @@ def analyse(cluster, args, faults, wall_seconds):
     longest = max(gaps) if gaps else (wall_seconds, run_start)
     inner = sorted(b - a for a, b in zip(times, times[1:]))
     median_gap = inner[len(inner) // 2] if inner else None
+    # The normal merge interval: how often one fragment gets a new version (the median over the
+    # fragments of the median gap between their versions).
+    per_fragment = []
+    for vs in audit.get("versions", {}).values():
+        ts = sorted(v["time_ms"] / 1000.0 for v in vs)
+        g = sorted(b - a for a, b in zip(ts, ts[1:]))
+        if g:
+            per_fragment.append(g[len(g) // 2])
+    fragment_interval = sorted(per_fragment)[len(per_fragment) // 2] if per_fragment else None
     merger_down = [(f["at"], f["at"] + f["down"]) for f in faults if f["target"] in cluster.merger_names]
     live_gaps = [g for g in gaps if not any(a < g[1] - run_start + g[0] and g[1] - run_start < b for a, b in merger_down)]
     longest_live = max(live_gaps) if live_gaps else (0.0, run_start)
@@ -378,6 +387,7 @@ def analyse(cluster, args, faults, wall_seconds):
         "longest_stall_at": round(longest[1] - run_start, 2),
         "longest_stall_while_a_merger_lives_seconds": round(longest_live[0], 2),
         "median_merge_interval_seconds": round(median_gap, 3) if median_gap is not None else None,
+        "fragment_merge_interval_seconds": round(fragment_interval, 3) if fragment_interval is not None else None,
         "merges": len(times),
         "final_loss": final_loss,
         "deltas": deltas,
@@ -497,7 +507,7 @@ def main():
     say(f"{'PASS' if result['ok'] else 'FAIL'}: goodput " + (f"{gp:.3f}" if gp is not None else "?") +
         " of the provisioned learner-seconds, " + (f"{ga:.3f}" if ga is not None else "?") + " of those the learners were up; "
         f"longest stall {result['longest_stall_seconds']} s ({result['longest_stall_while_a_merger_lives_seconds']} s "
-        f"while a merger lived; median merge interval {result['median_merge_interval_seconds']} s), final loss "
+        f"while a merger lived; a fragment's median merge interval {result['fragment_merge_interval_seconds']} s), final loss "
         f"{result['final_loss']}, {result['merges']} merges; checks {result['checks']}")
     for p in result["problems"][:10]:
         say(f"PROBLEM {p}")

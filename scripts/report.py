@@ -766,7 +766,7 @@ def chaos_blocks(events, result):
                   f"{result['goodput_of_available']:.3f}" if isinstance(result.get("goodput_of_available"), (int, float)) else "–"),
                  ("Longest stall (no new version of any fragment)", f"{result.get('longest_stall_seconds')} s"),
                  ("Longest stall while a merger lived", f"{result.get('longest_stall_while_a_merger_lives_seconds')} s"),
-                 ("Median merge interval", f"{result.get('median_merge_interval_seconds')} s"),
+                 ("Median merge interval of a fragment", f"{result.get('fragment_merge_interval_seconds')} s"),
                  ("Checks", ", ".join(f"{k} {'pass' if v else 'FAIL'}" for k, v in (result.get("checks") or {}).items()))]
     blocks.append(("table", ["", "value"], rows))
     for p in (result or {}).get("problems", [])[:10]:

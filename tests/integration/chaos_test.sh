@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # scripts/chaos, CI-sized: the tiny config on a 3-node broker of its own (ports and folder), two
-# learners and two mergers for about 100 s under a seeded schedule that kills a learner, a merger
+# learners and two mergers for 80 s under a seeded schedule that kills a learner, a merger
 # and a broker node and pauses a learner. Passes when scripts/chaos's checks pass (diloco-replay
 # audit and verify, adoptions against the merge log), each kind of fault really happened, merges
 # went on, goodput was measured, and nothing is left running.
@@ -20,8 +20,8 @@ cleanup() {
 }
 trap cleanup EXIT
 
-# Rates high enough that 100 s hold every kind of fault; the schedule is a function of the seed.
-args=(configs/tiny.toml --seed 3 --seconds 100 --warmup 12 --cooldown 12 --learners 2 --mergers 2 --nodes 3
+# Rates high enough that 80 s hold every kind of fault; the schedule is a function of the seed.
+args=(configs/tiny.toml --seed 3 --seconds 80 --warmup 12 --cooldown 12 --learners 2 --mergers 2 --nodes 3
       --learner-mtbf 35 --learner-mttr 6 --pause-mtbf 40 --pause-mttr 4 --merger-mtbf 40 --merger-mttr 4
       --broker-mtbf 35 --broker-mttr 8 --set train.eval_every=0)
 "$root/scripts/chaos" "${args[@]}" --dry-run >"$tmp/schedule.jsonl" 2>/dev/null

@@ -1,0 +1,54 @@
+#include "merger/log_writer.h"
+
+#include <chrono>
+
+#include "core/errors.h"
+
+namespace diloco {
+
+LogWriter::LogWriter(const KafkaOptions& kafka, const std::string& transactional_id, const MergerTimeouts& timeouts,
+                     int fail_commit_at, std::function<void()> on_failed_delivery)
+    : t_(timeouts), fail_commit_at_(fail_commit_at), on_failed_delivery_(std::move(on_failed_delivery)) {
+  // A short transaction timeout: an instance killed mid-transaction holds back read_committed
+  // readers of merges/state only until the broker aborts its transaction.
+  ProducerOptions options{.kafka = kafka, .transactional_id = transactional_id, .transaction_timeout_ms = 10000};
+  producer_ = std::make_unique<Producer>(options, [this](const DeliveryReport& r) {
+    if (!r.ok && on_failed_delivery_) on_failed_delivery_();
+    delivered_[r.token] = r;
+  });
+  producer_->init_transactions(t_.init_transactions_ms);
+}
+
+std::optional<LogPosition> LogWriter::commit(std::span<const LogWrite> writes,
+                                             const std::vector<TopicPartitionOffset>& offsets, Consumer& consumer,
+                                             bool merge) {
+  delivered_.clear();
+  producer_->begin_transaction();
+  const uint64_t first = next_token_;
+  for (const auto& w : writes)
+    producer_->produce({.topic = w.topic, .partition = w.partition, .key = w.key, .value = w.value}, next_token_++,
+                       t_.produce_ms);
+  if (merge && ++merge_commits_ == fail_commit_at_)
+    throw Error("fault injection: commit " + std::to_string(merge_commits_) + " fails");
+  if (!offsets.empty()) producer_->send_offsets_to_transaction(offsets, consumer.raw(), t_.send_offsets_ms);
+  producer_->commit_transaction(t_.commit_ms);
+  if (writes.empty()) return std::nullopt;
+  // Committed, so every message of it was delivered; the report may still be on its way.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(t_.record_ack_ms);
+  while (!delivered_.count(first) && std::chrono::steady_clock::now() < deadline) producer_->poll(10);
+  auto it = delivered_.find(first);
+  if (it == delivered_.end() || !it->second.ok) return std::nullopt;
+  return LogPosition{it->second.topic, it->second.partition, it->second.offset};
+}
+
+void LogWriter::abort() {
+  try {
+    producer_->abort_transaction(t_.abort_ms);
+  } catch (const Fenced&) {
+    throw;
+  } catch (const Error&) {
+    // Nothing open, or the broker is away: the recovery that follows waits for it.
+  }
+}
+
+}  // namespace diloco

@@ -1,0 +1,63 @@
+// The merger's writes to the durable logs (`merges` and `state`). Every write is part of a Kafka
+// transaction that also commits the merger group's consumed offsets, so an instance fenced by a
+// newer one with the same transactional id commits nothing (KIP-447): genesis checkpoints, each
+// merge (record, and every checkpoint_every versions the fragment's checkpoint) and the records
+// of a clean stop. Callers encode everything first, so the transaction timeout covers only the
+// produce and commit round trips, whatever a fragment's size.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "core/codec/messages.h"
+#include "core/kafka/consumer.h"
+#include "core/kafka/producer.h"
+#include "merger/merger_process.h"
+
+namespace diloco {
+
+struct LogWrite {
+  std::string topic;
+  int32_t partition = 0;
+  std::string key;
+  std::vector<uint8_t> value;
+};
+
+class LogWriter {
+ public:
+  // Creates the transactional producer and initialises transactions, which fences any older
+  // instance with the same transactional id. `on_failed_delivery` is told about a write Kafka
+  // refused (the transaction cannot commit then; the merger rebuilds from the logs).
+  // `fail_commit_at` > 0 makes that merge commit (see commit's `merge`) throw after its writes are
+  // produced: fault injection for tests (MergerFaults).
+  LogWriter(const KafkaOptions& kafka, const std::string& transactional_id, const MergerTimeouts& timeouts,
+            int fail_commit_at, std::function<void()> on_failed_delivery);
+
+  // One transaction: `writes` in order, then `offsets` of `consumer`'s group. Returns the log
+  // position of writes[0] once Kafka acknowledged it (within record_ack_ms), else nullopt.
+  // `merge`: a merge commit, the kind fault injection counts. Throws Error (the transaction is
+  // left open: call abort()) or Fenced.
+  std::optional<LogPosition> commit(std::span<const LogWrite> writes, const std::vector<TopicPartitionOffset>& offsets,
+                                    Consumer& consumer, bool merge = false);
+
+  // Aborts an open transaction after a failed commit. Nothing open, or a broker away, is not an
+  // error (recovery waits for the broker); Fenced is rethrown.
+  void abort();
+
+ private:
+  const MergerTimeouts& t_;
+  const int fail_commit_at_;
+  int merge_commits_ = 0;
+  std::function<void()> on_failed_delivery_;
+  std::map<uint64_t, DeliveryReport> delivered_;  // token -> report, for the open transaction
+  uint64_t next_token_ = 1;
+  std::unique_ptr<Producer> producer_;
+};
+
+}  // namespace diloco
