@@ -24,6 +24,7 @@
 #include "learner/delta_publisher.h"
 #include "learner/fragment_track.h"
 #include "learner/param_inbox.h"
+#include "learner/resume.h"
 
 namespace diloco {
 
@@ -59,6 +60,8 @@ class Learner {
                         .max_message_bytes = o_.kafka.max_message_bytes};
   }
   void load_global_state();
+  ResumePoint read_resume_point();
+  void wait_for_versions(const std::map<uint32_t, uint64_t>& versions, uint64_t step);
   void adopt_received(uint64_t step, float loss);
   bool cut_early(uint32_t p, uint64_t coming, uint64_t step, float loss);
   void publish_delta(uint32_t p, uint64_t step, float loss, bool early);
@@ -113,8 +116,10 @@ void Learner::load_global_state() {
             << "\n";
   StateScan scan = wait_for_states(o_.kafka, RunTopics{o_.config.run.id}, limits(), o_.genesis_timeout,
                                    [&](size_t missing) {
+                                     if (stop_) return false;  // asked to stop before the run began
                                      std::cerr << "learner " << o_.learner_id << ": waiting for version 0 of " << missing
                                                << " fragment(s): start a merger\n";
+                                     return true;
                                    });
   for (auto& [p, state] : scan.latest) {
     if (p >= n) continue;
@@ -243,6 +248,59 @@ void Learner::wait_for_merges(uint64_t step, float loss) {
   }
 }
 
+ResumePoint Learner::read_resume_point() {
+  const RunTopics topics{o_.config.run.id};
+  std::vector<MemberRecord> records;
+  try {
+    read_to_end(o_.kafka, {topics.members()}, [&](const ConsumedMessage& m) {
+      MemberRecord r{.key = m.key, .stamp_ms = m.timestamp_ms};
+      if (!m.tombstone) {
+        try {
+          r.member = decode_member(m.value, limits());
+        } catch (const Rejection&) {
+          return;  // not an announcement of this run: it says nothing about where the run stands
+        }
+      }
+      records.push_back(std::move(r));
+    }, o_.members_read_ms);
+  } catch (const Unavailable& e) {
+    std::cerr << "learner " << o_.learner_id << ": cannot read " << topics.members() << " (" << e.what()
+              << "): starting at step 0\n";
+    return {};
+  }
+  const bool synchronous = o_.config.diloco.wait_steps >= 0;
+  ResumePoint r = resume_point(o_.learner_id, records,
+                               static_cast<int64_t>(o_.config.merger.liveness_seconds * 1000), synchronous);
+  if (r.restarted) {
+    std::cerr << "learner " << o_.learner_id << ": restarted, continuing at step " << r.step
+              << (synchronous ? " (one below the slowest of " : " (its last announced step; ") << r.live_peers
+              << " live peer(s))\n";
+    log({{"event", "resume"}, {"step", r.step}, {"live_peers", r.live_peers}, {"synchronous", synchronous}});
+  }
+  return r;
+}
+
+// A restarted learner first takes the versions the mergers announce, so that its first deltas are
+// cut on current bases (a delta on a base its earlier process already had merged is superseded).
+void Learner::wait_for_versions(const std::map<uint32_t, uint64_t>& versions, uint64_t step) {
+  const auto t0 = Clock::now();
+  const double timeout = o_.resume_wait_factor * o_.config.merger.republish_seconds + o_.resume_wait_slack_s;
+  auto behind = [&] {
+    for (const auto& [p, v] : versions)
+      if (p < fragments_.size() && fragments_[p].version() < v) return true;
+    return false;
+  };
+  while (behind() && !stop_ && seconds_since(t0) < timeout) {
+    adopt_received(step, 0);
+    heartbeat(step, 0);
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  if (behind())
+    std::cerr << "learner " << o_.learner_id << ": the announced versions did not arrive within " << timeout
+              << " s; training on what it holds\n";
+  log({{"event", "resume_versions"}, {"seconds", seconds_since(t0)}, {"complete", !behind()}});
+}
+
 void Learner::heartbeat(uint64_t step, float loss) {
   if (!publisher_ || seconds_since(last_heartbeat_) < o_.heartbeat_interval_s) return;
   last_heartbeat_ = Clock::now();
@@ -344,6 +402,12 @@ int Learner::run() {
       partitions = probe.partition_count(topics.deltas(o_.region), 10000);
     }
     load_global_state();
+    if (stop_) {  // asked to stop while waiting for the run's version 0: nothing was trained
+      log({{"event", "stop"}, {"step", 0}, {"tokens", 0}, {"reason", "signal"}, {"compute_seconds", 0.0},
+           {"wait_seconds", 0.0}});
+      std::cerr << "learner " << o_.learner_id << ": stopped before the run began\n";
+      return 0;
+    }
     ProducerOptions producer{.kafka = o_.kafka, .delivery_timeout_ms = 0};
     producer.kafka.client_id = o_.learner_id;
     publisher_ = std::make_unique<DeltaPublisher>(
@@ -369,11 +433,22 @@ int Learner::run() {
     const StreamingSchedule schedule{
         .sync_interval = config.diloco.H, .num_fragments = config.diloco.fragments,
         .offset = config.diloco.stagger ? stagger_offset(o_.index, o_.learners, config.diloco.H) : 0u};
-    schedule_.emplace(schedule);
+    // A learner restarted under the same id continues where the run stands (learner/resume.h).
+    uint64_t first_step = 0;
+    std::map<uint32_t, uint64_t> current_versions;
+    if (networked()) {
+      const ResumePoint resume = read_resume_point();
+      if (resume.restarted) {
+        first_step = resume.step;
+        current_versions = resume.versions;
+      }
+    }
+    schedule_.emplace(schedule, first_step);
     const uint64_t tokens_per_step = static_cast<uint64_t>(train.batch * config.model.context);
     double loss_ema = 0;
     float loss_value = 0;
-    uint64_t step = 0;
+    uint64_t step = first_step;
+    if (!current_versions.empty()) wait_for_versions(current_versions, step);
     auto evaluate = [&] {
       double eval = heldout_loss(setup_.model, heldout, train.eval_batches);
       metrics_.set("eval_loss", eval);

@@ -43,6 +43,11 @@ struct LearnerOptions {
   std::string export_path;     // model file (core/train/model_file.h) written at stop; EvalOnly: also after each eval
   int metrics_port = 0;        // Prometheus endpoint on 127.0.0.1 (0: off)
   std::chrono::seconds genesis_timeout{600};
+  // A restart (learner/resume.h): reading the members topic, and how long to wait for the
+  // versions the mergers announce (factor x merger.republish_seconds + slack) before training.
+  int members_read_ms = 10000;
+  double resume_wait_factor = 2;
+  double resume_wait_slack_s = 2;
   std::chrono::milliseconds shutdown_flush{10000};
 };
 

@@ -230,8 +230,10 @@ def incarnations(events):
 
 
 def compute_curve(events):
-    """(step, compute seconds) points of one incarnation, starting at (0, 0)."""
-    points = [(0, 0.0)]
+    """(step, compute seconds) points of one incarnation, starting at (its first step, 0): 0, or
+    where a restarted learner resumed (its "resume" event)."""
+    first = next((e.get("step", 0) for e in events if e.get("event") == "resume"), 0)
+    points = [(first, 0.0)]
     for e in events:
         if e.get("event") in ("step", "stop") and "compute_seconds" in e and e.get("step", 0) > points[-1][0]:
             points.append((e["step"], e["compute_seconds"]))

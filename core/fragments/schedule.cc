@@ -30,10 +30,11 @@ uint32_t stagger_offset(uint32_t learner_index, uint32_t num_learners, uint32_t 
   return static_cast<uint32_t>(uint64_t{learner_index} * sync_interval / num_learners);
 }
 
-CutSchedule::CutSchedule(const StreamingSchedule& s) : sync_interval_(s.sync_interval), next_due_(s.num_fragments, 0) {
+CutSchedule::CutSchedule(const StreamingSchedule& s, uint64_t start_step)
+    : sync_interval_(s.sync_interval), next_due_(s.num_fragments, 0) {
   validate_schedule(s);
-  // Every fragment is due exactly once in steps 1..H.
-  for (uint64_t step = 1; step <= s.sync_interval; ++step)
+  // Every fragment is due exactly once in any H consecutive steps.
+  for (uint64_t step = start_step + 1; step <= start_step + s.sync_interval; ++step)
     if (auto p = fragment_due(s, step)) next_due_[*p] = step;
 }
 

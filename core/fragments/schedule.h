@@ -44,7 +44,9 @@ uint32_t stagger_offset(uint32_t learner_index, uint32_t num_learners, uint32_t 
 // s + H. Without early cuts, due() names exactly the fragment fragment_due names, step by step.
 class CutSchedule {
  public:
-  explicit CutSchedule(const StreamingSchedule& schedule);
+  // Starting after `start_step` inner steps (a learner resuming a run, learner/resume.h): each
+  // fragment is next due at the first step above start_step at which fragment_due names it.
+  explicit CutSchedule(const StreamingSchedule& schedule, uint64_t start_step = 0);
 
   // The fragments whose next due step is at or before `step`, lowest first (several only after
   // early cuts moved two fragments onto the same step).

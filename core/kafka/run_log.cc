@@ -29,7 +29,7 @@ StateScan read_states(const KafkaOptions& kafka, const RunTopics& topics, const 
 }
 
 StateScan wait_for_states(const KafkaOptions& kafka, const RunTopics& topics, const DecodeLimits& limits,
-                          std::chrono::seconds timeout, const std::function<void(size_t missing)>& waiting) {
+                          std::chrono::seconds timeout, const std::function<bool(size_t missing)>& waiting) {
   auto deadline = std::chrono::steady_clock::now() + timeout;
   size_t expected = limits.layout ? limits.layout->num_fragments() : 0;
   for (;;) {
@@ -39,7 +39,7 @@ StateScan wait_for_states(const KafkaOptions& kafka, const RunTopics& topics, co
       throw Unavailable("no state for " + std::to_string(expected - scan.latest.size()) + " of " +
                         std::to_string(expected) + " fragments in " + topics.state() + " after " +
                         std::to_string(timeout.count()) + " s: start a merger (it writes version 0 of every fragment)");
-    if (waiting) waiting(expected - scan.latest.size());
+    if (waiting && !waiting(expected - scan.latest.size())) return scan;
     std::this_thread::sleep_for(std::chrono::seconds(2));
   }
 }

@@ -23,8 +23,9 @@ StateScan read_states(const KafkaOptions& kafka, const RunTopics& topics, const 
                       int timeout_ms = 60000);
 
 // Waits until every fragment of the layout has a state (genesis written by a merger), calling
-// `waiting(missing count)` every few seconds while it waits; throws Unavailable after `timeout`.
+// `waiting(missing count)` every few seconds while it waits; when that returns false (the process
+// was asked to stop) it returns what it has. Throws Unavailable after `timeout`.
 StateScan wait_for_states(const KafkaOptions& kafka, const RunTopics& topics, const DecodeLimits& limits,
-                          std::chrono::seconds timeout, const std::function<void(size_t missing)>& waiting);
+                          std::chrono::seconds timeout, const std::function<bool(size_t missing)>& waiting);
 
 }  // namespace diloco
