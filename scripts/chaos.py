@@ -253,6 +253,20 @@ def compute_at(points, step):
     return c0 + (c1 - c0) * (step - s0) / (s1 - s0)
 
 
+def longest_outside(points, excluded):
+    """(seconds, start) of the longest stretch between consecutive times in `points` that no
+    interval of `excluded` covers (a stall while every merger was up)."""
+    best = (0.0, points[0] if points else 0.0)
+    for a, b in zip(points, points[1:]):
+        cuts = sorted((max(a, x), min(b, y)) for x, y in excluded if x < b and y > a)
+        t = a
+        for x, y in cuts + [(b, b)]:
+            if x - t > best[0]:
+                best = (x - t, t)
+            t = max(t, y)
+    return best
+
+
 def replay(cluster, *argv):
     cmd = [os.path.join(cluster.bin_dir, "diloco-replay"), "-c", os.path.join(cluster.run_dir, "config.toml"),
            "--bootstrap", cluster.servers, *argv]
@@ -367,9 +381,9 @@ def analyse(cluster, args, faults, wall_seconds):
         if g:
             per_fragment.append(g[len(g) // 2])
     fragment_interval = sorted(per_fragment)[len(per_fragment) // 2] if per_fragment else None
-    merger_down = [(f["at"], f["at"] + f["down"]) for f in faults if f["target"] in cluster.merger_names]
-    live_gaps = [g for g in gaps if not any(a < g[1] - run_start + g[0] and g[1] - run_start < b for a, b in merger_down)]
-    longest_live = max(live_gaps) if live_gaps else (0.0, run_start)
+    merger_down = [(run_start + f["at"], run_start + f["at"] + f["down"]) for f in faults
+                   if f["target"] in cluster.merger_names]
+    longest_live = longest_outside(points, merger_down)
 
     evals = [e for e in run_local.read_jsonl(os.path.join(cluster.run_dir, "eval", "metrics.jsonl")) if e.get("event") == "global_eval"]
     final_loss = evals[-1].get("eval_loss") if evals else None
@@ -409,7 +423,7 @@ def parse_args():
                     "longest stall and the final loss. Exit 0 when every check passes, 1 when one fails, 2 when "
                     "the run could not be made.",
         epilog="Times are seconds. A target is down about MTTR / (MTBF + MTTR) of the time: --learner-mtbf 40 "
-               "--learner-mttr 10 keeps each learner down about 20%%. The same --seed gives the same schedule, so "
+               "--learner-mttr 10 keeps each learner down about 20%. The same --seed gives the same schedule, so "
                "--sync (synchronous DiLoCo: merger.quorum = learners, diloco.wait_steps = 0) can be compared on it.")
     p.add_argument("config", nargs="?", default="configs/tiny.toml", help="run config (default: configs/tiny.toml)")
     p.add_argument("--seed", type=int, default=1, help="seed of the failure schedule (default 1)")
