@@ -58,7 +58,7 @@ TEST_CASE("a restarted learner continues at its own last step, or synchronously 
   CHECK(resume_point("a", records, 15000, true).step == 98);  // b moved on: the slowest is c at 99
 }
 
-TEST_CASE("a tombstone removes an announcement; a restarted learner with no live peer keeps its own step", "[learner][resume]") {
+TEST_CASE("a tombstone removes an announcement, and a restarted learner with no live peer keeps its own step", "[learner][resume]") {
   std::vector<MemberRecord> records = {learner("a", 1000, 50), learner("b", 1000, 60)};
   records.push_back(MemberRecord{.key = "b", .stamp_ms = 1500, .member = std::nullopt});  // b left
   ResumePoint r = resume_point("a", records, 15000, true);
