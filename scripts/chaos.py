@@ -465,8 +465,7 @@ def parse_args():
 def main():
     args = parse_args()
     # What run_local.cluster_from_args reads; the step budget is far away, the time budget decides.
-    args.steps, args.tokens, args.speed_factors, args.max_seconds = None, None, None, args.seconds
-    args.steps = 1_000_000
+    args.steps, args.tokens, args.speed_factors, args.max_seconds = 1_000_000, None, None, args.seconds
     config_path = args.config if os.path.isfile(args.config) else os.path.join(ROOT, args.config)
     if not os.path.isfile(config_path):
         fail(f"no config file '{args.config}' (try configs/tiny.toml)")
