@@ -87,8 +87,9 @@ class MergerProcess : public RebalanceListener {
   void recover(const std::set<int32_t>& partitions);
   bool ensure_recovered();
   void request_recovery(bool rewind);
-  bool consume(int timeout_ms, int64_t* timestamp_ms = nullptr);
-  void catch_up(int64_t last_timestamp_ms);
+  bool consume(int timeout_ms);
+  bool backlog();
+  void catch_up();
   void handle_delta(const ConsumedMessage& message);
   void reject(const ConsumedMessage& message, const std::string& reason, const std::string& detail);
   void merge(uint32_t p, const std::vector<std::string>& live);
@@ -274,22 +275,31 @@ bool MergerProcess::ensure_recovered() {
 
 // Polls one delta and handles it once the owned fragments are current. Returns whether one was
 // handled (and its Kafka timestamp).
-bool MergerProcess::consume(int timeout_ms, int64_t* timestamp_ms) {
+bool MergerProcess::consume(int timeout_ms) {
   auto message = consumer_->poll(timeout_ms);
   if (recover_needed_ && ensure_recovered()) return false;
   if (!message) return false;
   handle_delta(*message);
-  if (timestamp_ms) *timestamp_ms = message->timestamp_ms;
   return true;
 }
 
-// After reading a delta produced long ago (a backlog), reads on while deltas keep coming, so that
-// the merges see each learner's newest delta instead of its oldest (ARCHITECTURE.md section 6).
-void MergerProcess::catch_up(int64_t last_timestamp_ms) {
+// Unread deltas in an owned partition, as the last fetches' high watermarks tell: the broker's
+// offsets, so no learner's clock decides whether the merger is behind.
+bool MergerProcess::backlog() {
+  for (const auto& [tp, next] : next_offset_) {
+    auto high = consumer_->cached_high_watermark(tp.first, tp.second);
+    if (high && *high > next) return true;
+  }
+  return false;
+}
+
+// After reading a delta while more are waiting (a backlog, e.g. after an outage), reads on while
+// deltas keep coming, so that the merges see each learner's newest delta instead of its oldest
+// (ARCHITECTURE.md section 6).
+void MergerProcess::catch_up() {
   const auto until = Clock::now() + std::chrono::milliseconds(t_.catch_up_ms);
-  auto backlog = [&] { return unix_us() / 1000 - last_timestamp_ms > t_.catch_up_age_ms; };
   while (Clock::now() < until && !stop_) {
-    if (!consume(backlog() ? t_.catch_up_poll_ms : 0, &last_timestamp_ms)) return;
+    if (!consume(backlog() ? t_.catch_up_poll_ms : 0)) return;
   }
 }
 
@@ -593,11 +603,12 @@ int MergerProcess::run() {
   auto last_announce = Clock::now() - std::chrono::hours(1);
   auto last_republish = Clock::now();
   auto last_status = Clock::now();
+  double longest_turn = 0;  // seconds, the longest loop turn since the last status tick
   int exit_code = 0;
   try {
     while (!stop_) {
-      int64_t timestamp_ms = 0;
-      if (consume(owned_.empty() ? t_.poll_idle_ms : t_.poll_owned_ms, &timestamp_ms)) catch_up(timestamp_ms);
+      const auto turn_start = Clock::now();
+      if (consume(owned_.empty() ? t_.poll_idle_ms : t_.poll_owned_ms)) catch_up();
       follow_members();
       auto live = membership_.live_learners();
       for (auto& [p, f] : owned_) {
@@ -636,25 +647,28 @@ int MergerProcess::run() {
         nlohmann::json versions = nlohmann::json::object();
         for (const auto& [p, f] : owned_) versions[std::to_string(p)] = f.state.version;
         metrics_.set("live_learners", static_cast<double>(live.size()));
-        // Consumer lag: messages in each owned delta partition not yet read.
+        // Consumer lag: messages in each owned delta partition not yet read, from the high
+        // watermarks of the last fetches (a broker query per partition here stalled every merge
+        // for about 2 s of each status period).
         double lag = 0;
         for (const auto& [tp, next] : next_offset_) {
-          try {
-            auto [low, high] = consumer_->watermarks(tp.first, tp.second, t_.watermarks_ms);
-            (void)low;
-            double l = static_cast<double>(std::max<int64_t>(0, high - next));
-            metrics_.set("consumer_lag", l, {{"topic", tp.first}, {"partition", std::to_string(tp.second)}});
-            lag += l;
-          } catch (const Unavailable&) {
-            // No answer now; the next status tick asks again.
-          }
+          auto high = consumer_->cached_high_watermark(tp.first, tp.second);
+          if (!high) continue;  // not fetched yet: the next status tick reports it
+          double l = static_cast<double>(std::max<int64_t>(0, *high - next));
+          metrics_.set("consumer_lag", l, {{"topic", tp.first}, {"partition", std::to_string(tp.second)}});
+          lag += l;
         }
         metrics_.set("consumer_lag_total", lag);
+        // A merge that is due waits for the loop: a long turn (recovery aside) delays every merge.
+        metrics_.set("loop_turn_max_seconds", longest_turn);
         log({{"event", "status"}, {"versions", versions}, {"live_learners", live.size()},
+             {"longest_loop_turn_s", longest_turn},
              {"step_time", grace_.step_time()}, {"sync_time", grace_.sync_time()},
              {"metrics", metrics_.snapshot()}});
+        longest_turn = 0;
       }
       plain_->poll(0);
+      longest_turn = std::max(longest_turn, std::chrono::duration<double>(Clock::now() - turn_start).count());
     }
     // Drain: deltas already in Kafka when the stop came are read and recorded as pending too,
     // until the partitions stay quiet for drain_quiet_ms (bounded by drain_ms).

@@ -20,10 +20,10 @@ namespace diloco {
 struct MergerTimeouts {
   int poll_idle_ms = 200;       // consumer poll while no fragment is owned
   int poll_owned_ms = 5;        // consumer poll while fragments are owned (merges are due)
-  // Catching up: while the deltas read are older than catch_up_age_ms (a backlog, e.g. after an
-  // outage), the merger keeps reading, up to catch_up_ms per loop turn, before it merges, so that
-  // a learner's newest delta on a base is the one merged and not the oldest.
-  int catch_up_age_ms = 1000;
+  // Catching up: while the owned partitions' high watermarks (from the last fetches) are above
+  // what was read (a backlog, e.g. after an outage), the merger keeps reading, up to catch_up_ms
+  // per loop turn, before it merges, so that a learner's newest delta on a base is the one merged
+  // and not the oldest.
   int catch_up_poll_ms = 50;
   int catch_up_ms = 2000;
   int metadata_ms = 10000;      // partition counts at start-up
@@ -34,7 +34,6 @@ struct MergerTimeouts {
   int commit_ms = 60000;
   int abort_ms = 30000;
   int committed_offsets_ms = 10000;  // the group's committed offsets, to rewind after a failure
-  int watermarks_ms = 2000;     // consumer-lag status queries
   int recovery_retry_ms = 1000;
   int status_ms = 5000;
   int drain_ms = 5000;          // at a clean stop, reading deltas already in Kafka

@@ -214,6 +214,13 @@ std::pair<int64_t, int64_t> Consumer::watermarks(const std::string& topic, int32
   return {low, high};
 }
 
+std::optional<int64_t> Consumer::cached_high_watermark(const std::string& topic, int32_t partition) {
+  int64_t low = -1, high = -1;
+  if (consumer_->get_watermark_offsets(topic, partition, &low, &high) != RdKafka::ERR_NO_ERROR || high < 0)
+    return std::nullopt;
+  return high;
+}
+
 namespace {
 
 // Group-less readers of a log up to its end: the end is only reported after an empty fetch, so

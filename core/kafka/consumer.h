@@ -83,8 +83,12 @@ class Consumer {
   int partition_count(const std::string& topic, int timeout_ms);
   // Every topic on the cluster with its partition count (one metadata request).
   std::vector<std::pair<std::string, int>> list_topics(int timeout_ms);
-  // (low, high) watermarks.
+  // (low, high) watermarks, asked of the partition leader (blocks up to timeout_ms).
   std::pair<int64_t, int64_t> watermarks(const std::string& topic, int32_t partition, int timeout_ms);
+  // The high watermark from the last fetch response of an assigned partition, without asking the
+  // broker (never blocks); nullopt before the first fetch. What a process in a poll loop reads:
+  // a broker round trip per partition in that loop stalls it.
+  std::optional<int64_t> cached_high_watermark(const std::string& topic, int32_t partition);
 
   RdKafka::KafkaConsumer& raw() { return *consumer_; }
   const ConsumerOptions& options() const { return options_; }
