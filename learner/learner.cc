@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/data/corpus.h"
+#include "core/fragments/message_budget.h"
 #include "core/fragments/schedule.h"
 #include "core/kafka/consumer.h"
 #include "core/kafka/run_log.h"
@@ -49,7 +50,10 @@ uint32_t region_index(const LearnerOptions& o) {
 class Learner {
  public:
   Learner(const LearnerOptions& options, const std::atomic<bool>& stop)
-      : o_(options), stop_(stop), setup_(build_model(options.config)), metrics_("diloco_learner_") {}
+      : o_(options), stop_(stop), setup_(build_model(options.config)), metrics_("diloco_learner_") {
+    // A model whose fragments cannot travel is refused now, not when its first delta is sent.
+    if (networked()) check_message_sizes(o_.config, setup_.layout, o_.kafka.max_message_bytes);
+  }
 
   int run();
 

@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 #include <zmq.hpp>
 
+#include "core/fragments/message_budget.h"
 #include "core/kafka/consumer.h"
 #include "core/kafka/producer.h"
 #include "core/metrics/metrics.h"
@@ -147,7 +148,10 @@ MergerProcess::MergerProcess(const MergerOptions& options, const std::atomic<boo
                                 .tau = options.config.merger.grace_tau,
                                 .cap_step_times = options.config.merger.grace_cap_steps,
                                 .cap_seconds = options.config.merger.grace_cap_seconds}),
-      membership_(options.config.merger.liveness_seconds) {}
+      membership_(options.config.merger.liveness_seconds) {
+  // A fragment whose checkpoint or parameters cannot fit one Kafka message is refused at start-up.
+  check_message_sizes(o_.config, setup_.layout, o_.kafka.max_message_bytes);
+}
 
 void MergerProcess::log(nlohmann::json record) {
   record["t"] = now();

@@ -51,4 +51,21 @@ TEST_CASE("learner refuses bad input with a clear error and a non-zero exit", "[
     CHECK(p.wait_exit(90s) == std::optional<int>(1));
     CHECK_THAT(p.log(), Catch::Contains("scripts/broker start"));
   }
+  {
+    // 25M parameters in one fragment: its checkpoint cannot fit one Kafka message. Refused before
+    // the broker is even asked (the bootstrap address here has none), and the merger the same way.
+    const std::vector<std::string> too_large = {"-c", testing::tiny_config_path(), "--bootstrap", "127.0.0.1:1",
+                                                "--set", "model.width=1024", "--set", "diloco.fragments=1"};
+    std::vector<std::string> learner_args = {testing::learner_binary()};
+    learner_args.insert(learner_args.end(), too_large.begin(), too_large.end());
+    testing::ChildProcess learner(learner_args, dir + "/size-learner.log");
+    std::vector<std::string> merger_args = {testing::merger_binary()};
+    merger_args.insert(merger_args.end(), too_large.begin(), too_large.end());
+    testing::ChildProcess merger(merger_args, dir + "/size-merger.log");
+    for (auto* p : {&learner, &merger}) {
+      CHECK(p->wait_exit(90s) == std::optional<int>(1));
+      CHECK_THAT(p->log(), Catch::Contains("above the 67108864-byte limit of one Kafka message"));
+      CHECK_THAT(p->log(), Catch::Contains("set diloco.fragments to at least"));
+    }
+  }
 }

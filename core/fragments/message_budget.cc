@@ -1,0 +1,100 @@
+#include "core/fragments/message_budget.h"
+
+#include <zstd.h>
+
+#include <algorithm>
+
+#include "core/codec/messages.h"
+#include "core/errors.h"
+
+namespace diloco {
+
+namespace {
+
+// Generous per-message and per-tensor framing (FlatBuffers tables, shapes, header strings), and
+// the checkpoint's bookkeeping (consumed offsets, per-learner seqs and bases, recent positions).
+constexpr uint64_t kHeaderBytes = 16 << 10;
+constexpr uint64_t kTensorBytes = 256;
+constexpr uint64_t kStateBookkeepingBytes = 1 << 20;
+
+uint64_t framed(uint64_t payload, size_t tensors, uint64_t extra = 0) {
+  const uint64_t raw = payload + tensors * kTensorBytes + kHeaderBytes + extra;
+  return ZSTD_compressBound(raw);  // zstd never grows its input by more than this
+}
+
+uint64_t mib(uint64_t bytes) { return (bytes + (1 << 20) - 1) >> 20; }
+
+}  // namespace
+
+uint64_t delta_bytes_bound(int64_t n, size_t tensors, DType dtype, uint32_t block_size) {
+  const uint64_t scales = 4 * static_cast<uint64_t>(num_blocks(dtype, block_size, n));
+  return framed(payload_bytes(dtype, n) + scales, tensors);
+}
+
+uint64_t params_bytes_bound(int64_t n, size_t tensors) { return framed(payload_bytes(DType::F32, n), tensors); }
+
+uint64_t state_bytes_bound(int64_t n, size_t tensors, bool outer_state) {
+  const uint64_t buffers = outer_state ? 3 : 2;  // params, momentum (+ dn's or cgad's second buffer)
+  return framed(buffers * payload_bytes(DType::F32, n), buffers * tensors, kStateBookkeepingBytes);
+}
+
+namespace {
+
+bool keeps_outer_state(const RunConfig& config) {
+  const auto kind = parse_outer_optimizer(config.merger.optimizer);
+  return kind && has_outer_state(*kind);
+}
+
+}  // namespace
+
+MessageBound largest_message(const RunConfig& config, const FragmentLayout& layout) {
+  const bool outer = keeps_outer_state(config);
+  MessageBound largest;
+  for (uint32_t p = 0; p < layout.num_fragments(); ++p) {
+    const int64_t n = layout.fragment_numel(p);
+    const size_t tensors = layout.fragments[p].size();
+    const MessageBound candidates[] = {
+        {"delta", p, n, delta_bytes_bound(n, tensors, config.codec.dtype, config.codec.block_size)},
+        {"parameters", p, n, params_bytes_bound(n, tensors)},
+        {"checkpoint", p, n, state_bytes_bound(n, tensors, outer)},
+    };
+    for (const auto& c : candidates)
+      if (c.bytes > largest.bytes) largest = c;
+  }
+  return largest;
+}
+
+void check_message_sizes(const RunConfig& config, const FragmentLayout& layout, uint64_t max_message_bytes) {
+  const MessageBound largest = largest_message(config, layout);
+  if (largest.bytes <= max_message_bytes) return;
+  const bool outer = keeps_outer_state(config);
+  int64_t total = 0;
+  const TensorSpec* biggest = nullptr;
+  for (const auto& fragment : layout.fragments)
+    for (const auto& t : fragment) {
+      total += t.numel();
+      if (!biggest || t.numel() > biggest->numel()) biggest = &t;
+    }
+  std::string way_out;
+  if (biggest && state_bytes_bound(biggest->numel(), 1, outer) > max_message_bytes) {
+    way_out = "tensor " + biggest->name + " alone (" + std::to_string(biggest->numel()) +
+              " parameters) cannot fit one message and tensors are not split across fragments: raise "
+              "MAX_MESSAGE_BYTES in broker_config/limits.env (and the clients' max_message_bytes) or use a smaller model";
+  } else {
+    // The largest fragment holds at least total / P parameters.
+    const uint64_t per_param = outer ? 12 : 8;
+    const uint64_t usable = max_message_bytes > 2 * kStateBookkeepingBytes ? max_message_bytes - 2 * kStateBookkeepingBytes
+                                                                           : max_message_bytes;
+    const uint64_t at_least = std::max<uint64_t>(layout.num_fragments() + 1,
+                                                 (static_cast<uint64_t>(total) * per_param + usable - 1) / usable);
+    way_out = "set diloco.fragments to at least " + std::to_string(at_least) + " (now " +
+              std::to_string(layout.num_fragments()) + "), or raise MAX_MESSAGE_BYTES in broker_config/limits.env";
+  }
+  throw InvalidInput("fragment " + std::to_string(largest.fragment) + " has " + std::to_string(largest.numel) +
+                     " parameters: its " + largest.kind + " message can reach " + std::to_string(largest.bytes) +
+                     " bytes (" + std::to_string(mib(largest.bytes)) + " MiB), above the " +
+                     std::to_string(max_message_bytes) + "-byte limit of one Kafka message (" +
+                     std::to_string(mib(max_message_bytes)) + " MiB); " + way_out);
+}
+
+}  // namespace diloco

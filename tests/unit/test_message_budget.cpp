@@ -1,0 +1,113 @@
+// The start-up size check: the bounds hold for real encoded messages of incompressible values
+// (a bound below what the encoder produces would let a config through that then fails mid-run),
+// and a layout that cannot travel is refused with the numbers and the setting to change.
+#include <catch2/catch.hpp>
+
+#include <random>
+
+#include "core/codec/messages.h"
+#include "core/errors.h"
+#include "core/fragments/message_budget.h"
+
+using namespace diloco;
+
+namespace {
+
+std::vector<DenseTensor> random_tensors(const std::vector<std::vector<int64_t>>& shapes, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<DenseTensor> out;
+  for (uint32_t i = 0; i < shapes.size(); ++i) {
+    DenseTensor t{i, shapes[i], {}};
+    int64_t n = 1;
+    for (auto d : shapes[i]) n *= d;
+    t.values.resize(static_cast<size_t>(n));
+    for (auto& v : t.values) v = normal(rng);
+    out.push_back(std::move(t));
+  }
+  return out;
+}
+
+FragmentLayout layout_of(const std::vector<std::vector<TensorSpec>>& fragments) {
+  FragmentLayout layout;
+  layout.fragments = fragments;
+  layout.fingerprint = 7;
+  return layout;
+}
+
+}  // namespace
+
+TEST_CASE("message bounds hold for encoded messages of random values", "[budget]") {
+  const std::vector<std::vector<int64_t>> shapes = {{300, 257}, {257}, {64, 3, 5}};
+  const int64_t n = 300 * 257 + 257 + 64 * 3 * 5;
+  auto tensors = random_tensors(shapes, 1);
+
+  FragmentState state;
+  state.run_id = "budget";
+  state.fingerprint = 7;
+  state.params = tensors;
+  state.momentum = random_tensors(shapes, 2);
+  const auto state_bytes = encode_fragment_state(state, 1).size();
+  CHECK(state_bytes <= state_bytes_bound(n, shapes.size(), false));
+  CHECK(state_bytes_bound(n, shapes.size(), false) < state_bytes + (3u << 20));  // bounds, not guesses
+  state.outer_state = random_tensors(shapes, 3);
+  CHECK(encode_fragment_state(state, 1).size() <= state_bytes_bound(n, shapes.size(), true));
+
+  FragmentParams params;
+  params.run_id = "budget";
+  params.fingerprint = 7;
+  params.merger_instance = "merger-0";
+  params.tensors = tensors;
+  CHECK(encode_fragment_params(params, 1).size() <= params_bytes_bound(n, shapes.size()));
+
+  DeltaHeader h;
+  h.run_id = "budget";
+  h.learner_id = "learner-0";
+  h.region = "eu";
+  for (DType dtype : {DType::F32, DType::BF16, DType::INT8, DType::INT4}) {
+    CodecOptions options{.dtype = dtype, .block_size = 64, .byte_shuffle = true, .zstd_level = 3};
+    const auto bytes = encode_delta(h, std::span<const DenseTensor>(tensors), options);
+    INFO(dtype_name(dtype));
+    CHECK(bytes.size() <= delta_bytes_bound(n, shapes.size(), dtype, 64));
+  }
+}
+
+TEST_CASE("a layout whose checkpoint cannot fit one message is refused with the way out", "[budget]") {
+  RunConfig config;
+  const uint64_t limit = 64ull << 20;
+  // Four 3M-parameter tensors: 96 MB of checkpoint in one fragment, 48 MB in each of two.
+  std::vector<TensorSpec> four;
+  for (int i = 0; i < 4; ++i) four.push_back({"w" + std::to_string(i), {1000, 3000}});
+  auto one = layout_of({four});
+  auto two = layout_of({{four[0], four[1]}, {four[2], four[3]}});
+
+  CHECK(largest_message(config, one).kind == "checkpoint");
+  CHECK(largest_message(config, one).numel == 12'000'000);
+  CHECK_NOTHROW(check_message_sizes(config, two, limit));
+  try {
+    check_message_sizes(config, one, limit);
+    FAIL("a 12M-parameter fragment passed a 64 MiB limit");
+  } catch (const InvalidInput& e) {
+    const std::string what = e.what();
+    CHECK_THAT(what, Catch::Contains("fragment 0 has 12000000 parameters"));
+    CHECK_THAT(what, Catch::Contains("checkpoint"));
+    CHECK_THAT(what, Catch::Contains("67108864-byte limit"));
+    CHECK_THAT(what, Catch::Contains("set diloco.fragments to at least 2 (now 1)"));
+  }
+  // dn keeps a third buffer: 12 B per parameter make the two-fragment layout too large as well.
+  config.merger.optimizer = "dn";
+  CHECK_THROWS_AS(check_message_sizes(config, two, limit), InvalidInput);
+}
+
+TEST_CASE("a tensor too large for any fragment count names the tensor and the limit to raise", "[budget]") {
+  RunConfig config;
+  auto layout = layout_of({{{"embed", {100, 100}}}, {{"huge", {10000, 1000}}}});
+  try {
+    check_message_sizes(config, layout, 64ull << 20);
+    FAIL("a 10M-parameter tensor passed a 64 MiB limit");
+  } catch (const InvalidInput& e) {
+    const std::string what = e.what();
+    CHECK_THAT(what, Catch::Contains("tensor huge alone (10000000 parameters)"));
+    CHECK_THAT(what, Catch::Contains("MAX_MESSAGE_BYTES"));
+  }
+}
