@@ -9,6 +9,7 @@
 #include <iostream>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <thread>
 
@@ -89,6 +90,7 @@ class MergerProcess : public RebalanceListener {
   bool ensure_recovered();
   void request_recovery(bool rewind);
   bool consume(int timeout_ms);
+  std::optional<int64_t> unread(const std::pair<std::string, int32_t>& tp, int64_t next);
   bool backlog();
   void catch_up();
   void handle_delta(const ConsumedMessage& message);
@@ -278,7 +280,7 @@ bool MergerProcess::ensure_recovered() {
 }
 
 // Polls one delta and handles it once the owned fragments are current. Returns whether one was
-// handled (and its Kafka timestamp).
+// handled.
 bool MergerProcess::consume(int timeout_ms) {
   auto message = consumer_->poll(timeout_ms);
   if (recover_needed_ && ensure_recovered()) return false;
@@ -287,13 +289,18 @@ bool MergerProcess::consume(int timeout_ms) {
   return true;
 }
 
-// Unread deltas in an owned partition, as the last fetches' high watermarks tell: the broker's
-// offsets, so no learner's clock decides whether the merger is behind.
+// Unread deltas of an owned partition from the high watermark of its last fetch (the broker's
+// offsets: no learner's clock decides whether the merger is behind, and no broker call blocks the
+// loop); nullopt before that partition's first fetch.
+std::optional<int64_t> MergerProcess::unread(const std::pair<std::string, int32_t>& tp, int64_t next) {
+  auto high = consumer_->cached_high_watermark(tp.first, tp.second);
+  if (!high) return std::nullopt;
+  return std::max<int64_t>(0, *high - next);
+}
+
 bool MergerProcess::backlog() {
-  for (const auto& [tp, next] : next_offset_) {
-    auto high = consumer_->cached_high_watermark(tp.first, tp.second);
-    if (high && *high > next) return true;
-  }
+  for (const auto& [tp, next] : next_offset_)
+    if (unread(tp, next).value_or(0) > 0) return true;
   return false;
 }
 
@@ -651,16 +658,15 @@ int MergerProcess::run() {
         nlohmann::json versions = nlohmann::json::object();
         for (const auto& [p, f] : owned_) versions[std::to_string(p)] = f.state.version;
         metrics_.set("live_learners", static_cast<double>(live.size()));
-        // Consumer lag: messages in each owned delta partition not yet read, from the high
-        // watermarks of the last fetches (a broker query per partition here stalled every merge
-        // for about 2 s of each status period).
+        // Consumer lag per owned delta partition (a broker query per partition here once stalled
+        // every merge for about 2 s of each status period).
         double lag = 0;
         for (const auto& [tp, next] : next_offset_) {
-          auto high = consumer_->cached_high_watermark(tp.first, tp.second);
-          if (!high) continue;  // not fetched yet: the next status tick reports it
-          double l = static_cast<double>(std::max<int64_t>(0, *high - next));
-          metrics_.set("consumer_lag", l, {{"topic", tp.first}, {"partition", std::to_string(tp.second)}});
-          lag += l;
+          auto l = unread(tp, next);
+          if (!l) continue;  // not fetched yet: the next status tick reports it
+          metrics_.set("consumer_lag", static_cast<double>(*l),
+                       {{"topic", tp.first}, {"partition", std::to_string(tp.second)}});
+          lag += static_cast<double>(*l);
         }
         metrics_.set("consumer_lag_total", lag);
         // A merge that is due waits for the loop: a long turn (recovery aside) delays every merge.
