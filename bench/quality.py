@@ -241,7 +241,7 @@ def interp(xs, ys, x):
 
 
 def learner_summary(events):
-    """Steps, tokens, bytes sent and wait/compute of one learner's metrics.jsonl."""
+    """Steps, tokens, bytes sent and received, and wait/compute of one learner's metrics.jsonl."""
     start = next((e for e in events if e.get("event") == "start"), None)
     steps = [e for e in events if e.get("event") == "step"]
     stop = next((e for e in reversed(events) if e.get("event") == "stop"), None)
@@ -261,6 +261,12 @@ def learner_summary(events):
         bytes_sent = shutdown["bytes_sent"]
     elif steps and "bytes_sent" in steps[-1]:
         bytes_sent = steps[-1]["bytes_sent"]
+    # The downlink: parameter bytes received from mergers (binaries before it was counted: None).
+    bytes_received = None
+    if shutdown and "bytes_received" in shutdown:
+        bytes_received = shutdown["bytes_received"]
+    elif steps and "bytes_received" in steps[-1]:
+        bytes_received = steps[-1]["bytes_received"]
 
     def first(d, *names):
         for n in names:
@@ -272,7 +278,7 @@ def learner_summary(events):
     return dict(times=times, steps=step_values, tokens=token_values,
                 final_step=(stop or (steps[-1] if steps else {})).get("step", 0),
                 final_tokens=(stop or (steps[-1] if steps else {})).get("tokens", 0),
-                bytes_sent=bytes_sent, wait=wait, compute=compute,
+                bytes_sent=bytes_sent, bytes_received=bytes_received, wait=wait, compute=compute,
                 start_us=start.get("time_us") if start else None, stop_us=stop.get("time_us") if stop else None)
 
 
@@ -310,6 +316,8 @@ def cluster_result(run):
     tokens = sum(l["final_tokens"] or 0 for l in ls)
     sent = [l["bytes_sent"] for l in ls]
     bytes_sent = sum(sent) if sent and all(b is not None for b in sent) else None
+    got = [l["bytes_received"] for l in ls]
+    bytes_received = sum(got) if got and all(b is not None for b in got) else None
     waits = [l["wait"] for l in ls]
     computes = [l["compute"] for l in ls]
     wait = sum(waits) if ls and all(w is not None for w in waits) else None
@@ -328,6 +336,8 @@ def cluster_result(run):
                 deltas_merged=merged, deltas_dropped=dropped, deltas_held_at_stop=held,
                 bytes_sent=bytes_sent, tokens=tokens,
                 bytes_per_token=(bytes_sent / tokens) if bytes_sent is not None and tokens else None,
+                bytes_received=bytes_received,
+                downlink_bytes_per_token=(bytes_received / tokens) if bytes_received is not None and tokens else None,
                 wait_seconds=wait, compute_seconds=compute,
                 utilisation=(compute / (compute + wait)) if wait is not None and compute is not None
                 and compute + wait > 0 else None,
@@ -344,6 +354,7 @@ def standalone_result(run):
     return dict(final_loss=final.get("eval_loss") if final else None, merges=None, inputs_per_merge_mean=None,
                 inputs_per_merge_hist={}, deltas_merged=None, deltas_dropped={}, deltas_held_at_stop=None,
                 bytes_sent=0, tokens=l["final_tokens"], bytes_per_token=0.0 if l["final_tokens"] else None,
+                bytes_received=0, downlink_bytes_per_token=0.0 if l["final_tokens"] else None,
                 wait_seconds=l["wait"], compute_seconds=l["compute"],
                 utilisation=(l["compute"] / (l["compute"] + l["wait"])) if l["wait"] is not None
                 and l["compute"] is not None and l["compute"] + l["wait"] > 0 else None,
@@ -564,8 +575,9 @@ def write_summary(args, results, info, plots, complete):
               + (f" Overrides of the keys `{' '.join(args.unset)}` dropped from every row (`--unset`)." if args.unset else ""),
               ""]
     lines += ["| M | row | seeds | **final global held-out loss**, mean (per seed) | wall s | merges | inputs/merge "
-              "(histogram) | deltas merged | dropped | learners sent | tokens | bytes/token | utilisation |",
-              "|---:|---|---:|---|---:|---:|---|---:|---|---:|---:|---:|---:|"]
+              "(histogram) | deltas merged | dropped | learners sent | learners received | tokens | bytes/token up | "
+              "bytes/token down | utilisation |",
+              "|---:|---|---:|---|---:|---:|---|---:|---|---:|---:|---:|---:|---:|---:|"]
     means = {}
     for (m, name), rs in sorted(groups.items(), key=lambda kv: (kv[0][0], row_order(kv[0][1]))):
         ok = [r for r in rs if r.get("ok") and r.get("final_loss") is not None]
@@ -595,14 +607,19 @@ def write_summary(args, results, info, plots, complete):
             fmt(mean([r.get("deltas_merged") for r in ok]), 0) if cluster else "-",
             (", ".join(f"{k} {v / n:.0f}" for k, v in sorted(dropped.items())) or "0") if cluster else "-",
             (si(mean([r.get("bytes_sent") for r in ok])) + "B") if cluster and ok else "-",
+            (si(mean([r.get("bytes_received") for r in ok])) + "B")
+            if cluster and ok and mean([r.get("bytes_received") for r in ok]) is not None else "-",
             si(mean([r.get("tokens") for r in ok])),
             fmt(mean([r.get("bytes_per_token") for r in ok]), 2) if cluster else "-",
+            fmt(mean([r.get("downlink_bytes_per_token") for r in ok]), 2) if cluster else "-",
             fmt(mean([r.get("utilisation") for r in ok]), 3),
         ]) + " |")
     lines += ["", "(Means over the seeds that finished; wall s = the whole run, start-up and shutdown included; "
               "merges, deltas and bytes are per run. Dropped = deltas the merger dropped, by reason. "
-              "**Bytes per token count what the learners sent (their deltas), not the merger's downlink of new "
-              "global fragments, which the processes do not count yet.** Utilisation = compute / (compute + wait) "
+              "Bytes per token up = what the learners sent (their deltas, as delivered to the broker); down = "
+              "what they received from the mergers over ZeroMQ (new versions and answers to requests, as payload "
+              "bytes without ZMTP and TCP/IP headers; the evaluator's copy is not counted). `-` where the binaries "
+              "do not report it. Utilisation = compute / (compute + wait) "
               "summed over the learners, from their `stop` events; `-` where the binaries do not report it.)", ""]
     lines += ["## Parallel efficiency and gap to synchronous DiLoCo", "",
               "Efficiency = (L_1 - L_M) / (L_1 - L_1xM), L_1 = one learner, L_1xM = one learner x M steps, L_M = the "

@@ -288,7 +288,7 @@ ResumePoint Learner::read_resume_point() {
 // cut on current bases (a delta on a base its earlier process already had merged is superseded).
 void Learner::wait_for_versions(const std::map<uint32_t, uint64_t>& versions, uint64_t step) {
   const auto t0 = Clock::now();
-  const double timeout = o_.resume_wait_factor * o_.config.merger.republish_seconds + o_.resume_wait_slack_s;
+  const double timeout = o_.resume_wait_s;
   auto behind = [&] {
     for (const auto& [p, v] : versions)
       if (p < fragments_.size() && fragments_[p].version() < v) return true;
@@ -320,6 +320,7 @@ void Learner::heartbeat(uint64_t step, float loss) {
   m.loss = std::isfinite(loss) ? loss : 0.0f;
   m.tokens = total_tokens_;
   m.bytes_sent = publisher_->stats().bytes_delivered;
+  if (inbox_) m.bytes_received = inbox_->bytes_received();
   for (uint32_t p = 0; p < fragments_.size(); ++p) {
     m.owned_fragments.push_back(p);
     m.fragment_versions.push_back(fragments_[p].version());
@@ -513,6 +514,7 @@ int Learner::run() {
         if (inbox_) {
           record["params_received"] = inbox_->received();
           record["params_rejected"] = inbox_->rejected();
+          record["bytes_received"] = inbox_->bytes_received();
         }
         nlohmann::json versions = nlohmann::json::array();
         for (const auto& f : fragments_) versions.push_back(f.version());
@@ -536,7 +538,10 @@ int Learner::run() {
     std::cerr << "\n";
     nlohmann::json lost = nlohmann::json::array();
     for (auto [p, seq] : undelivered) lost.push_back({{"fragment", p}, {"seq", seq}});
-    log({{"event", "shutdown"}, {"delivered", s.delivered}, {"superseded", s.superseded}, {"bytes_sent", s.bytes_delivered}, {"undelivered", lost}});
+    nlohmann::json record{{"event", "shutdown"}, {"delivered", s.delivered},   {"superseded", s.superseded},
+                          {"bytes_sent", s.bytes_delivered}, {"undelivered", lost}};
+    if (inbox_) record["bytes_received"] = inbox_->bytes_received();
+    log(record);
   }
   return exit_code;
 }

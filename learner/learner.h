@@ -44,10 +44,10 @@ struct LearnerOptions {
   int metrics_port = 0;        // Prometheus endpoint on 127.0.0.1 (0: off)
   std::chrono::seconds genesis_timeout{600};
   // A restart (learner/resume.h): reading the members topic, and how long to wait for the
-  // versions the mergers announce (factor x merger.republish_seconds + slack) before training.
+  // versions the mergers announce before training (they answer the subscription at once; this
+  // covers two merger heartbeats, a request for a missed version and slack).
   int members_read_ms = 10000;
-  double resume_wait_factor = 2;
-  double resume_wait_slack_s = 2;
+  double resume_wait_s = 6;
   std::chrono::milliseconds shutdown_flush{10000};
 };
 

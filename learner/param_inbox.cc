@@ -2,6 +2,7 @@
 
 #include <zmq.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <iostream>
 
@@ -72,6 +73,29 @@ void ParamInbox::run() {
   };
   open_members();
 
+  // Versions the mergers announce in their heartbeats against the newest version received, per
+  // fragment: a gap that lasts is asked for again.
+  using Clock = std::chrono::steady_clock;
+  std::map<uint32_t, uint64_t> announced, have;
+  std::map<uint32_t, Clock::time_point> behind_since, asked_at;
+  auto ask_for_gaps = [&] {
+    const auto now = Clock::now();
+    for (const auto& [p, version] : announced) {
+      if (have[p] >= version) {
+        behind_since.erase(p);
+        continue;
+      }
+      auto since = behind_since.try_emplace(p, now).first->second;
+      if (now - since < std::chrono::duration<double>(options_.request_delay_s)) continue;
+      auto asked = asked_at.find(p);
+      if (asked != asked_at.end() && now - asked->second < std::chrono::duration<double>(options_.request_interval_s))
+        continue;
+      subscriber.request(p);
+      asked_at[p] = now;
+      metrics_.add("params_requested_total", 1);
+    }
+  };
+
   while (!stop_) {
     if (!members) open_members();
     if (members) {
@@ -83,6 +107,12 @@ void ParamInbox::run() {
           try {
             Member m = decode_member(message->value, options_.limits);
             if (m.role == Role::Merger && !m.endpoint.empty()) connect(m.endpoint);
+            if (m.role == Role::Merger)
+              for (size_t i = 0; i < m.owned_fragments.size(); ++i) {
+                if (options_.limits.layout && m.owned_fragments[i] >= options_.limits.layout->num_fragments()) continue;
+                auto& v = announced[m.owned_fragments[i]];
+                v = std::max(v, m.fragment_versions[i]);
+              }
           } catch (const Rejection& e) {
             metrics_.add("members_rejected_total", 1);
           }
@@ -92,7 +122,12 @@ void ParamInbox::run() {
         members.reset();
       }
     }
+    ask_for_gaps();
     auto received = subscriber.receive(std::chrono::milliseconds(50));
+    if (uint64_t bytes = subscriber.bytes_received(); bytes != bytes_received_) {
+      metrics_.add("params_bytes_received_total", static_cast<double>(bytes - bytes_received_));
+      bytes_received_ = bytes;
+    }
     if (!received) continue;
     try {
       if (received->round_open) {
@@ -112,6 +147,8 @@ void ParamInbox::run() {
                                                                std::to_string(params.fragment));
       ++received_;
       metrics_.add("params_received_total", 1);
+      auto& newest = have[params.fragment];
+      newest = std::max(newest, params.version);
       std::lock_guard lock(mutex_);
       auto& slot = latest_[params.fragment];
       if (params.version >= slot.version) slot = std::move(params);

@@ -6,7 +6,8 @@
 // reason and never reach the model. The training thread calls take() at a step boundary and gets
 // the newest version of each fragment that arrived since its last call. RoundOpen notices (a
 // merger's quorum for a fragment is in) are decoded the same strict way and kept, newest per
-// fragment, until take_round_opens().
+// fragment, until take_round_opens(). Subscribing asks every merger for its current versions; a
+// version announced in `members` that does not arrive is asked for again (core/zmq/params_channel.h).
 #pragma once
 
 #include <atomic>
@@ -30,6 +31,11 @@ struct ParamInboxOptions {
   DecodeLimits limits;  // run id, fingerprint, layout
   // Extra endpoints to subscribe to from the start (besides those announced in `members`).
   std::vector<std::string> endpoints;
+  // A fragment whose version a merger announced in `members` and that has not arrived for
+  // request_delay_s (a dropped message, a merger that was recovering when this learner
+  // connected) is asked for again, at most once per request_interval_s.
+  double request_delay_s = 0.5;
+  double request_interval_s = 1.0;
 };
 
 class ParamInbox {
@@ -44,6 +50,8 @@ class ParamInbox {
 
   uint64_t received() const { return received_; }
   uint64_t rejected() const { return rejected_; }
+  // Payload bytes received from mergers over ZeroMQ (the learner's downlink), rejected messages too.
+  uint64_t bytes_received() const { return bytes_received_; }
   std::vector<std::string> endpoints() const;
 
  private:
@@ -57,6 +65,7 @@ class ParamInbox {
   std::vector<std::string> endpoints_;
   std::atomic<uint64_t> received_{0};
   std::atomic<uint64_t> rejected_{0};
+  std::atomic<uint64_t> bytes_received_{0};
   std::atomic<bool> stop_{false};
   std::thread thread_;
 };

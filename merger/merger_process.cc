@@ -103,6 +103,7 @@ class MergerProcess : public RebalanceListener {
   std::vector<TopicPartitionOffset> offsets_to_commit() const;
   std::vector<TopicPartitionOffset> offsets_holding(const std::vector<LogPosition>& held) const;
   void publish(uint32_t p);
+  void serve_requests();
   void announce_round(uint32_t p);
   void follow_members();
   void announce(bool leaving);
@@ -133,6 +134,8 @@ class MergerProcess : public RebalanceListener {
   Membership membership_;
   zmq::context_t zmq_{1};
   std::unique_ptr<ParamsPublisher> publisher_;
+  std::set<uint32_t> requested_;                     // fragments subscribers asked for, not yet served
+  std::map<uint32_t, Clock::time_point> served_at_;  // the last answer to a request, per fragment
   std::unique_ptr<Consumer> consumer_;
   std::unique_ptr<LogWriter> writer_;
   std::unique_ptr<Producer> plain_;
@@ -486,6 +489,34 @@ void MergerProcess::publish(uint32_t p) {
   publisher_->publish(p, f.params_message);
 }
 
+// Subscribers that connected or missed a version asked for fragments: publish the current version
+// of each owned one, at most once per snapshot interval (requests in between are coalesced).
+void MergerProcess::serve_requests() {
+  auto r = publisher_->take_requests();
+  if (r.count) metrics_.add("snapshot_requests_total", static_cast<double>(r.count));
+  if (r.all)
+    for (const auto& [p, f] : owned_) requested_.insert(p);
+  for (uint32_t p : r.fragments)
+    if (owned_.count(p)) requested_.insert(p);
+  const auto t = Clock::now();
+  for (auto it = requested_.begin(); it != requested_.end();) {
+    const uint32_t p = *it;
+    if (!owned_.count(p)) {
+      it = requested_.erase(it);
+      continue;
+    }
+    auto served = served_at_.find(p);
+    if (served != served_at_.end() && t - served->second < std::chrono::milliseconds(t_.snapshot_interval_ms)) {
+      ++it;
+      continue;
+    }
+    publish(p);
+    served_at_[p] = t;
+    metrics_.add("snapshots_published_total", 1);
+    it = requested_.erase(it);
+  }
+}
+
 // The quorum of fragment p is in: tell the learners while the grace window is open, so that those
 // about to cut p can send it now and reach this merge (ARCHITECTURE.md section 6).
 void MergerProcess::announce_round(uint32_t p) {
@@ -649,7 +680,9 @@ int MergerProcess::run() {
         last_announce = t;
         announce(false);
       }
-      if (t - last_republish > std::chrono::duration<double>(o_.config.merger.republish_seconds)) {
+      serve_requests();
+      if (o_.config.merger.republish_seconds > 0 &&
+          t - last_republish > std::chrono::duration<double>(o_.config.merger.republish_seconds)) {
         last_republish = t;
         for (auto& [p, f] : owned_) publish(p);
       }

@@ -36,6 +36,10 @@ struct MergerTimeouts {
   int committed_offsets_ms = 10000;  // the group's committed offsets, to rewind after a failure
   int recovery_retry_ms = 1000;
   int status_ms = 5000;
+  // Answering subscribers that ask for the current version of a fragment (a subscriber that
+  // connects, or one that missed a version): requests for one fragment are coalesced into at most
+  // one publish per snapshot_interval_ms, so a burst of joins or a hostile subscriber costs little.
+  int snapshot_interval_ms = 250;
   int drain_ms = 5000;          // at a clean stop, reading deltas already in Kafka
   int drain_quiet_ms = 500;
   int flush_ms = 5000;

@@ -237,6 +237,9 @@ class LearnerStats:
         self.deltas = [(t, b) for t, b in self.deltas if t is not None and b is not None]
         self.wire_bytes = sum(b for _, b in self.deltas)
         self.acked_series = cumulative(recs, {"step": "bytes_sent"})
+        # The downlink: parameter bytes received from mergers (absent in runs of older binaries).
+        received = cumulative(recs, {"step": "bytes_received", "shutdown": "bytes_received"})
+        self.bytes_received = received[-1][1] if received else None
         delivered = cumulative(recs, {"step": "deltas_delivered", "shutdown": "delivered"})
         self.delivered = delivered[-1][1] if delivered else None
         superseded = cumulative(recs, {"step": "deltas_superseded", "shutdown": "superseded"})
@@ -669,6 +672,9 @@ def build_page(run, out_dir, learners, merges, evals, total_tokens, notes):
     rows.append(("Bytes on the wire (published deltas, all learners)", size(total_wire)))
     for s in learners:
         rows.append((f"Bytes on the wire, {s.name}", size(s.wire_bytes)))
+    received = [s.bytes_received for s in learners]
+    rows.append(("Bytes received from mergers (parameters, all learners)",
+                 size(sum(received)) if received and None not in received else "– (not recorded)"))
     rows.append(("Deltas published", count(n_deltas)))
     rows.append(("Mean bytes per delta", size(total_wire / n_deltas) if n_deltas else "–"))
     if merges.staleness:
@@ -693,7 +699,7 @@ def build_page(run, out_dir, learners, merges, evals, total_tokens, notes):
     if learners:
         blocks.append(("h2", "Learners"))
         header = ["learner", "region", "steps", "tokens", "stop", "deltas published", "delivered",
-                  "superseded", "undelivered", "merged", "wire bytes", "bytes/delta", "adoptions",
+                  "superseded", "undelivered", "merged", "wire bytes", "bytes/delta", "received", "adoptions",
                   "final loss (avg)", "last held-out", "tokens/s", "max RSS"]
         rows = []
         for s in learners:
@@ -701,6 +707,7 @@ def build_page(run, out_dir, learners, merges, evals, total_tokens, notes):
                          count(len(s.deltas)), count(s.delivered), count(s.superseded), count(s.undelivered),
                          count(merges.inputs_by_learner.get(s.name, 0)),
                          size(s.wire_bytes), size(s.wire_bytes / len(s.deltas)) if s.deltas else "–",
+                         size(s.bytes_received) if s.bytes_received is not None else "–",
                          count(s.adopts), loss(s.loss_ema), loss(s.evals[-1][1]) if s.evals else "–",
                          count(s.tokens_per_s),
                          f"{s.max_rss_kb / 1024:,.0f} MiB" if s.max_rss_kb is not None else "–"])

@@ -176,7 +176,7 @@ class View:
     """What the live view shows, folded from the processes' metrics.jsonl files."""
 
     def __init__(self, run_dir, learner_names, merger_names, fragments, steps_budget):
-        self.learners = {n: {"step": 0, "loss": None, "tok_s": 0.0, "adopted": 0, "sent": 0,
+        self.learners = {n: {"step": 0, "loss": None, "tok_s": 0.0, "adopted": 0, "sent": 0, "received": 0,
                              "region": "", "eval": None, "t0": None, "rate": None}
                          for n in learner_names}
         self.tails = {n: JsonTail(os.path.join(run_dir, n, "metrics.jsonl"))
@@ -211,11 +211,13 @@ class View:
             if e.get("t", 0) > t0 and e["step"] > step0:
                 s["rate"] = (e["step"] - step0) / (e["t"] - t0)
             s.update(step=e["step"], loss=e.get("loss_ema"), tok_s=e.get("tokens_per_s", 0.0),
-                     adopted=e.get("adopted", 0), sent=e.get("bytes_sent", s["sent"]))
+                     adopted=e.get("adopted", 0), sent=e.get("bytes_sent", s["sent"]),
+                     received=e.get("bytes_received", s["received"]))
         elif event == "eval":
             s["eval"] = e.get("eval_loss")
         elif event == "shutdown":
             s["sent"] = e.get("bytes_sent", s["sent"])
+            s["received"] = e.get("bytes_received", s["received"])
 
     def _merger(self, name, e):
         event = e.get("event")
@@ -246,6 +248,13 @@ class View:
     def bytes_sent(self):
         return sum(s["sent"] for s in self.learners.values())
 
+    def bytes_received(self):
+        return sum(s["received"] for s in self.learners.values())
+
+    def wire_text(self):
+        """Both directions of the learners' traffic: deltas up, parameters down."""
+        return f"wire up {megabytes(self.bytes_sent())}, down {megabytes(self.bytes_received())}"
+
     def dropped_text(self):
         total = sum(self.dropped.values())
         if not total:
@@ -275,19 +284,19 @@ def render_screen(view, run_id, elapsed, time_left):
     if time_left is not None:
         eta = time_left if eta is None else min(eta, time_left)
     lines = [f"diloco run {run_id}   elapsed {duration(elapsed)}   ETA {duration(eta)}   (Ctrl-C stops cleanly)", ""]
-    lines.append(f"{'LEARNER':<12}{'REGION':<8}{'STEP':>12}{'LOSS':>8}{'HELD-OUT':>10}{'TOK/S':>9}{'ADOPTED':>9}{'SENT':>11}")
+    lines.append(f"{'LEARNER':<12}{'REGION':<8}{'STEP':>12}{'LOSS':>8}{'HELD-OUT':>10}{'TOK/S':>9}{'ADOPTED':>9}{'SENT':>11}{'RECEIVED':>11}")
     for name, s in view.learners.items():
         loss = f"{s['loss']:.3f}" if s["loss"] is not None else "-"
         held = f"{s['eval']:.3f}" if s["eval"] is not None else "-"
         lines.append(f"{name:<12}{s['region']:<8}{str(s['step']) + '/' + str(view.steps_budget):>12}{loss:>8}{held:>10}"
-                     f"{s['tok_s']:>9.0f}{s['adopted']:>9}{megabytes(s['sent']):>11}")
+                     f"{s['tok_s']:>9.0f}{s['adopted']:>9}{megabytes(s['sent']):>11}{megabytes(s['received']):>11}")
     lines += ["", f"{'FRAGMENT':<10}{'VERSION':>8}  {'OWNER':<12}{'LAST MERGE':>11}"]
     now = time.time()
     for p, v in enumerate(view.versions):
         ago = f"{now - view.last_merge[p]:.0f}s ago" if view.last_merge[p] else "-"
         lines.append(f"{p:<10}{v:>8}  {view.owner[p]:<12}{ago:>11}")
     lines += ["", f"merges {view.merges}, deltas merged {view.merged}, {view.dropped_text()}; "
-                  f"bytes on the wire {megabytes(view.bytes_sent())}",
+                  f"learners' {view.wire_text()}",
               view.global_text()]
     return "\x1b[H\x1b[2J" + "\n".join(lines) + "\n"
 
@@ -298,7 +307,7 @@ def summary_line(view, elapsed):
         loss = f"{s['loss']:.3f}" if s["loss"] is not None else "-"
         parts.append(f"{name} step {s['step']} loss {loss} {s['tok_s']:.0f} tok/s")
     parts.append(f"versions {view.versions}, merged {view.merged}, {view.dropped_text()}, "
-                 f"wire {megabytes(view.bytes_sent())}, ETA {duration(view.eta_seconds())}")
+                 f"{view.wire_text()}, ETA {duration(view.eta_seconds())}")
     parts.append(view.global_text())
     return "run-local: " + " | ".join(parts)
 

@@ -231,7 +231,8 @@ struct Member {
   float tokens_per_s = 0;
   float loss = 0;
   uint64_t tokens = 0;
-  uint64_t bytes_sent = 0;
+  uint64_t bytes_sent = 0;      // learners: delta bytes delivered (uplink)
+  uint64_t bytes_received = 0;  // learners: parameter bytes received from mergers (downlink)
 };
 
 std::vector<uint8_t> encode_member(const Member& msg);

@@ -214,7 +214,7 @@ std::vector<uint8_t> encode_member(const Member& msg) {
   const auto root = wire::CreateMember(
       fbb, kSchemaVersion, run_id, instance_id, static_cast<wire::Role>(msg.role), region,
       endpoint, msg.epoch, owned, versions, msg.time_us, msg.step, msg.step_time_s,
-      msg.tokens_per_s, msg.loss, msg.tokens, msg.bytes_sent);
+      msg.tokens_per_s, msg.loss, msg.tokens, msg.bytes_sent, msg.bytes_received);
   wire::FinishMemberBuffer(fbb, root);
   return compress_finished(fbb, 1);
 }
@@ -241,6 +241,7 @@ Member decode_member(std::span<const uint8_t> bytes, const DecodeLimits& limits)
   out.loss = m.loss();
   out.tokens = m.tokens();
   out.bytes_sent = m.bytes_sent();
+  out.bytes_received = m.bytes_received();
   return out;
 }
 

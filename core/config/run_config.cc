@@ -424,7 +424,7 @@ void validate_run_config(const RunConfig& c) {
   check(m.adam_epsilon > 0 && std::isfinite(m.adam_epsilon), c, "merger.adam_epsilon must be positive");
   check(m.checkpoint_every >= 1, c, "merger.checkpoint_every must be at least 1");
   check(m.liveness_seconds > 0, c, "merger.liveness_seconds must be positive");
-  check(m.republish_seconds > 0, c, "merger.republish_seconds must be positive");
+  check(m.republish_seconds >= 0, c, "merger.republish_seconds must be 0 (off) or positive");
 
   const auto& k = c.cluster;
   check(k.learners >= 1, c, "cluster.learners must be at least 1");

@@ -119,7 +119,9 @@ struct MergerConfig {
   double adam_epsilon = 1e-8;
   uint32_t checkpoint_every = 10;    // write a FragmentState every this many versions
   double liveness_seconds = 15;      // a learner is live if it sent a heartbeat this recently
-  double republish_seconds = 5;      // re-broadcast the latest version of every owned fragment
+  // Also re-broadcast every owned fragment this often (0: never, the default). Subscribers that
+  // connect or miss a version ask for it (core/zmq/params_channel.h), so this is only a fallback.
+  double republish_seconds = 0;
 };
 
 // The shape of a local cluster (read by scripts/run-local; every process validates it).

@@ -1,8 +1,15 @@
-// The ZeroMQ leg of the loop: mergers PUBlish FragmentParams, learners SUBscribe to every merger.
-// Each message is two frames: a topic and the encoded message. The topic is the fragment id as
-// decimal text for FragmentParams ("3"), and "open." before it for a RoundOpen notice ("open.3"). PUB/SUB drops messages for slow or absent
-// subscribers; that is fine here because every version is also durable in Kafka (`state`) and
-// mergers re-publish their latest versions periodically.
+// The ZeroMQ leg of the loop: mergers publish FragmentParams on an XPUB socket, learners SUBscribe
+// to every merger. Each message is two frames: a topic and the encoded message. The topic is the
+// fragment id as decimal text for FragmentParams ("3"), and "open." before it for a RoundOpen
+// notice ("open.3"). PUB/SUB drops messages for slow or absent subscribers; every version is also
+// durable in Kafka (`state`), and a subscriber gets the current versions on request:
+// - a subscriber that connects (or reconnects to a restarted merger) subscribes to everything, and
+//   the publisher sees that subscription: the merger then publishes every fragment it owns;
+// - a subscriber that missed a version (it learns the versions from the mergers' heartbeats in
+//   `members`) asks for one fragment with request(p): a subscription to "want.p", a topic nobody
+//   publishes on, which the publisher sees.
+// This is the last-value-cache variant of the zguide's snapshot patterns: no second socket or
+// port, and reconnects ask by themselves. The price: the answer goes to every subscriber.
 //
 // Threading: a socket belongs to the thread that uses it.
 #pragma once
@@ -30,6 +37,15 @@ class ParamsPublisher {
   // A RoundOpen notice of the fragment (same rules).
   void publish_round_open(uint32_t fragment, std::span<const uint8_t> message);
 
+  // What subscribers asked for since the last call; never blocks. Call it often: subscriptions
+  // queue up in the socket until read.
+  struct Requests {
+    bool all = false;              // a subscriber (re)connected: it wants every fragment
+    std::set<uint32_t> fragments;  // fragments named by request()
+    uint64_t count = 0;            // subscription messages read (malformed ones too)
+  };
+  Requests take_requests();
+
  private:
   void send(const std::string& topic, std::span<const uint8_t> message);
 
@@ -52,10 +68,16 @@ class ParamsSubscriber {
   };
   // One message, or nothing within timeout. Malformed framing is skipped (returns nothing).
   std::optional<Received> receive(std::chrono::milliseconds timeout);
+  // Asks every connected publisher to publish the current version of `fragment` again.
+  void request(uint32_t fragment);
+  // Payload bytes of every frame received so far (topic and message frames, malformed ones too):
+  // what this subscriber's downlink carried, without ZMTP and TCP/IP headers.
+  uint64_t bytes_received() const { return bytes_received_; }
 
  private:
   zmq::socket_t socket_;
   std::set<std::string> endpoints_;
+  uint64_t bytes_received_ = 0;
 };
 
 }  // namespace diloco

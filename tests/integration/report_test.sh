@@ -44,12 +44,12 @@ cat >"$run/learner-0/metrics.jsonl" <<EOF
 {"event":"start","learner":"learner-0","mode":"train","region":"eu","config":"configs/fixture.toml + run.id=\"fixture-1\"","parameters":1000,"fragments":2,"fingerprint":1,"t":0.0,"time_us":$(at 0)}
 {"event":"eval","learner":"learner-0","step":0,"eval_loss":4.6,"tokens":0,"t":1.0,"time_us":$(at 10)}
 {"event":"delta","learner":"learner-0","fragment":0,"seq":1,"base_version":0,"inner_steps":10,"tokens":1024,"wire_bytes":1000,"t":2.0,"time_us":$(at 20)}
-{"event":"step","learner":"learner-0","step":10,"loss":3.5,"loss_ema":3.9,"step_time":0.1,"tokens":1024,"tokens_per_s":1000.0,"adopted":0,"bytes_sent":1000,"deltas_delivered":1,"deltas_superseded":0,"versions":[0,0],"max_rss_kb":200000,"t":2.0,"time_us":$(at 20)}
+{"event":"step","learner":"learner-0","step":10,"loss":3.5,"loss_ema":3.9,"step_time":0.1,"tokens":1024,"tokens_per_s":1000.0,"adopted":0,"bytes_received":5000,"bytes_sent":1000,"deltas_delivered":1,"deltas_superseded":0,"versions":[0,0],"max_rss_kb":200000,"t":2.0,"time_us":$(at 20)}
 {"event":"adopt","learner":"learner-0","fragment":0,"version":1,"versions_behind":1,"checksum":7,"t":2.5,"time_us":$(at 25)}
 {"event":"delta","learner":"learner-0","fragment":1,"seq":2,"base_version":0,"inner_steps":10,"tokens":1024,"wire_bytes":1200,"t":3.0,"time_us":$(at 30)}
-{"event":"step","learner":"learner-0","step":20,"loss":3.2,"loss_ema":3.6,"step_time":0.1,"tokens":2048,"tokens_per_s":1100.0,"adopted":1,"bytes_sent":2200,"deltas_delivered":2,"deltas_superseded":0,"versions":[1,0],"max_rss_kb":210000,"t":3.0,"time_us":$(at 30)}
+{"event":"step","learner":"learner-0","step":20,"loss":3.2,"loss_ema":3.6,"step_time":0.1,"tokens":2048,"tokens_per_s":1100.0,"adopted":1,"bytes_received":9000,"bytes_sent":2200,"deltas_delivered":2,"deltas_superseded":0,"versions":[1,0],"max_rss_kb":210000,"t":3.0,"time_us":$(at 30)}
 {"event":"delta","learner":"learner-0","fragment":0,"seq":3,"base_version":1,"inner_steps":10,"tokens":1024,"wire_bytes":1100,"t":4.0,"time_us":$(at 40)}
-{"event":"step","learner":"learner-0","step":30,"loss":3.0,"loss_ema":3.3,"step_time":0.1,"tokens":3072,"tokens_per_s":1200.0,"adopted":1,"bytes_sent":2200,"deltas_delivered":2,"deltas_superseded":0,"versions":[1,1],"max_rss_kb":210000,"t":4.0,"time_us":$(at 40)}
+{"event":"step","learner":"learner-0","step":30,"loss":3.0,"loss_ema":3.3,"step_time":0.1,"tokens":3072,"tokens_per_s":1200.0,"adopted":1,"bytes_received":9000,"bytes_sent":2200,"deltas_delivered":2,"deltas_superseded":0,"versions":[1,1],"max_rss_kb":210000,"t":4.0,"time_us":$(at 40)}
 {"event":"eval","learner":"learner-0","step":30,"eval_loss":3.0,"tokens":3072,"t":4.5,"time_us":$(at 45)}
 {"event":"stop","learner":"learner-0","step":30,"tokens":3072,"reason":"budget","t":5.0,"time_us":$(at 50)}
 {"event":"shutdown","learner":"learner-0","delivered":3,"superseded":0,"undelivered":[],"t":5.1,"time_us":$(at 51)}
@@ -57,9 +57,9 @@ EOF
 cat >"$run/learner-1/metrics.jsonl" <<EOF
 {"event":"start","learner":"learner-1","mode":"train","region":"us","config":"configs/fixture.toml + run.id=\"fixture-1\"","parameters":1000,"fragments":2,"fingerprint":1,"t":0.0,"time_us":$(at 5)}
 {"event":"delta","learner":"learner-1","fragment":1,"seq":1,"base_version":0,"inner_steps":10,"tokens":1024,"wire_bytes":2000,"t":2.0,"time_us":$(at 25)}
-{"event":"step","learner":"learner-1","step":10,"loss":3.6,"loss_ema":4.0,"step_time":0.1,"tokens":1024,"tokens_per_s":900.0,"adopted":0,"bytes_sent":2000,"deltas_delivered":1,"deltas_superseded":0,"versions":[0,0],"max_rss_kb":190000,"t":2.0,"time_us":$(at 25)}
+{"event":"step","learner":"learner-1","step":10,"loss":3.6,"loss_ema":4.0,"step_time":0.1,"tokens":1024,"tokens_per_s":900.0,"adopted":0,"bytes_received":4000,"bytes_sent":2000,"deltas_delivered":1,"deltas_superseded":0,"versions":[0,0],"max_rss_kb":190000,"t":2.0,"time_us":$(at 25)}
 {"event":"delta","learner":"learner-1","fragment":0,"seq":2,"base_version":1,"inner_steps":10,"tokens":1024,"wire_bytes":2100,"t":3.0,"time_us":$(at 35)}
-{"event":"step","learner":"learner-1","step":20,"loss":3.3,"loss_ema":3.7,"step_time":0.1,"tokens":2048,"tokens_per_s":950.0,"adopted":1,"bytes_sent":4100,"deltas_delivered":2,"deltas_superseded":0,"versions":[1,1],"max_rss_kb":195000,"t":3.0,"time_us":$(at 35)}
+{"event":"step","learner":"learner-1","step":20,"loss":3.3,"loss_ema":3.7,"step_time":0.1,"tokens":2048,"tokens_per_s":950.0,"adopted":1,"bytes_received":8000,"bytes_sent":4100,"deltas_delivered":2,"deltas_superseded":0,"versions":[1,1],"max_rss_kb":195000,"t":3.0,"time_us":$(at 35)}
 EOF
 printf '%s' '{"event":"step","learner":"learner-1","step":30,"loss":3.1,"tok' >>"$run/learner-1/metrics.jsonl"
 cat >"$run/merger-0/metrics.jsonl" <<EOF
@@ -109,6 +109,7 @@ for text in "| Final global held-out loss | 2.9375 (at 7.0 s, 5,120 tokens, vers
             "| Bytes on the wire, learner-0 | 3,300 B (3.2 KiB) |" \
             "| Bytes on the wire, learner-1 | 4,100 B (4.0 KiB) |" \
             "| Mean bytes per delta | 1,480 B (1.4 KiB) |" \
+            "| Bytes received from mergers (parameters, all learners) | 17,000 B (16.6 KiB) |" \
             "| Mean staleness of merged deltas | 0.60 (max 2) |" \
             "| Versions per fragment | 0: 3, 1: 1 |" \
             "# Run fixture-1" \

@@ -527,6 +527,7 @@ TEST_CASE("Member round trip", "[codec][messages]") {
   msg.loss = 3.5f;
   msg.tokens = 1ull << 40;
   msg.bytes_sent = 99;
+  msg.bytes_received = 1ull << 35;
   const auto layout = make_layout();
   const Member got = decode_member(encode_member(msg), limits_for(layout));
   CHECK(got.run_id == msg.run_id);
@@ -544,6 +545,7 @@ TEST_CASE("Member round trip", "[codec][messages]") {
   CHECK(got.loss == msg.loss);
   CHECK(got.tokens == msg.tokens);
   CHECK(got.bytes_sent == msg.bytes_sent);
+  CHECK(got.bytes_received == msg.bytes_received);
   CHECK(std::string(role_name(Role::Evaluator)) == "evaluator");
 }
 

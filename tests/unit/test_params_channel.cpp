@@ -1,7 +1,10 @@
 // The ZeroMQ parameter channel over loopback TCP: a subscriber connected to two publishers gets
-// both; malformed framing is skipped; an endpoint already in use is a clear error.
+// both; malformed framing is skipped; an endpoint already in use is a clear error; a publisher
+// sees a subscriber that connects and one that asks for a fragment; bytes received are counted.
 #include <catch2/catch.hpp>
 
+#include <functional>
+#include <set>
 #include <thread>
 #include <zmq.hpp>
 
@@ -48,6 +51,80 @@ TEST_CASE("a subscriber receives from every publisher it connected to", "[zmq]")
   REQUIRE(from_b);
   CHECK(from_b->fragment == 7);
   CHECK(from_b->message == std::vector<uint8_t>{9});
+}
+
+TEST_CASE("a subscriber counts the payload bytes of every message it received", "[zmq]") {
+  zmq::context_t context;
+  ParamsPublisher pub(context, "tcp://127.0.0.1:*");
+  ParamsSubscriber sub(context);
+  sub.connect(pub.bound_endpoint());
+  CHECK(sub.bytes_received() == 0);
+  const std::vector<uint8_t> message(1000, 7), notice{1, 2};
+  REQUIRE(publish_until_received(pub, sub, 12, message));
+  // FragmentParams: the topic "12" and 1000 bytes; a RoundOpen notice: "open.3" and 2 bytes.
+  uint64_t expected = 2 + 1000;
+  int notices = 0;
+  for (int i = 0; i < 5; ++i) {
+    pub.publish(12, message);
+    pub.publish_round_open(3, notice);
+  }
+  for (int i = 0; i < 50; ++i) {
+    if (auto r = sub.receive(20ms)) {
+      expected += r->round_open ? 6 + 2 : 2 + 1000;
+      notices += r->round_open;
+    }
+  }
+  CHECK(notices == 5);
+  CHECK(sub.bytes_received() == expected);
+}
+
+namespace {
+
+// The requests a publisher has seen within about two seconds, merged.
+ParamsPublisher::Requests requests_within(ParamsPublisher& pub, const std::function<bool(const ParamsPublisher::Requests&)>& done) {
+  ParamsPublisher::Requests all;
+  for (int i = 0; i < 100 && !done(all); ++i) {
+    auto r = pub.take_requests();
+    all.all = all.all || r.all;
+    all.fragments.insert(r.fragments.begin(), r.fragments.end());
+    all.count += r.count;
+    std::this_thread::sleep_for(20ms);
+  }
+  return all;
+}
+
+}  // namespace
+
+TEST_CASE("a publisher sees a subscriber connect and a subscriber ask for one fragment", "[zmq]") {
+  zmq::context_t context;
+  ParamsPublisher pub(context, "tcp://127.0.0.1:*");
+  CHECK(pub.take_requests().count == 0);
+  ParamsSubscriber sub(context);
+  sub.connect(pub.bound_endpoint());
+  auto joined = requests_within(pub, [](const auto& r) { return r.all; });
+  CHECK(joined.all);
+  CHECK(joined.fragments.empty());
+
+  sub.request(3);
+  sub.request(11);
+  auto asked = requests_within(pub, [](const auto& r) { return r.fragments.size() == 2; });
+  CHECK_FALSE(asked.all);
+  CHECK(asked.fragments == std::set<uint32_t>{3, 11});
+
+  // Asking again is seen again (a request is not a subscription that is already there).
+  sub.request(3);
+  CHECK(requests_within(pub, [](const auto& r) { return r.fragments.count(3) > 0; }).fragments.count(3));
+
+  // Subscriptions that are not requests are read and ignored.
+  zmq::socket_t raw(context, zmq::socket_type::sub);
+  raw.connect(pub.bound_endpoint());
+  raw.set(zmq::sockopt::subscribe, "want.x");
+  raw.set(zmq::sockopt::subscribe, "want.");
+  raw.set(zmq::sockopt::subscribe, "7");
+  auto odd = requests_within(pub, [](const auto& r) { return r.count >= 3; });
+  CHECK(odd.count >= 3);
+  CHECK(odd.fragments.empty());
+  CHECK_FALSE(odd.all);
 }
 
 TEST_CASE("malformed framing is skipped, not crashed on", "[zmq]") {
