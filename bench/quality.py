@@ -4,7 +4,7 @@ same number of inner steps per learner, with fixed seeds.
 
 Run by bench/quality with Debian's /usr/bin/python3 (standard library and python3-matplotlib).
 
-    bench/quality --quick                       # M=2, one seed, five rows, S=400 (6 minutes on a loaded 2-core machine)
+    bench/quality --quick                       # M=2, one seed, seven rows, S=400 (6 minutes on a loaded 2-core machine)
     bench/quality                               # M=2,4, seeds 1,2,3 for the headline rows
     bench/quality --rows "one learner,sync DiLoCo (fp32)" --m 2 --steps 100 --seeds 1
     bench/quality --decoupled-set diloco.cut_on_arrival=0.5 --set merger.grace_cap_steps=3
@@ -45,12 +45,13 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OPTIMIZERS = {"nesterov": [], "dn": ["merger.outer_lr=1.4"], "cgad": ["merger.outer_lr=0.02"]}
 
 # "{M}" in an override is replaced by the number of learners of the run.
-DECOUPLED_BASE = ["merger.quorum=1", "diloco.stagger=false", "codec.dtype=int4"]
+DECOUPLED_BASE = ["merger.quorum=1", "diloco.stagger=false", "codec.dtype=int4", "codec.downlink_dtype=int4"]
 # The Decoupled rows run the defaults (diloco.adopt = rebase, diloco.cut_on_arrival = 0.5,
 # merger.grace_tau = 4, merger.grace_cap_steps = 2); --decoupled-set adds to them.
 DECOUPLED_POLICY = []
 # What the learners did before schedules met: staggered, overwrite on adoption, no early cuts.
-STAGGERED = ["merger.quorum=1", "diloco.stagger=true", "codec.dtype=int4", "merger.optimizer=nesterov",
+STAGGERED = ["merger.quorum=1", "diloco.stagger=true", "codec.dtype=int4", "codec.downlink_dtype=fp32",
+             "merger.optimizer=nesterov",
              "diloco.adopt=overwrite", "diloco.cut_on_arrival=0", "merger.grace_tau=2", "merger.grace_cap_steps=1"]
 
 
@@ -67,18 +68,26 @@ ROWS = [
     dict(name="one learner x M steps", kind="standalone", steps_mult="M", overrides=[], headline=True, quick=True),
     dict(name="per-step sync avg (fp32)", kind="cluster",
          overrides=["diloco.H=1", "diloco.fragments=1", "merger.quorum={M}", "diloco.wait_steps=0",
-                    "codec.dtype=fp32", "merger.optimizer=sgd", "merger.outer_lr=1", "merger.rule=avg",
+                    "codec.dtype=fp32", "codec.downlink_dtype=fp32", "merger.optimizer=sgd", "merger.outer_lr=1", "merger.rule=avg",
                     "merger.share_scaling=false"]),
     dict(name="sync DiLoCo (fp32)", kind="cluster", headline=True, quick=True,
-         overrides=["merger.quorum={M}", "diloco.wait_steps=0", "codec.dtype=fp32", "merger.optimizer=nesterov"]),
+         overrides=["merger.quorum={M}", "diloco.wait_steps=0", "codec.dtype=fp32", "codec.downlink_dtype=fp32",
+                    "merger.optimizer=nesterov"]),
     dict(name="sync DiLoCo (int4)", kind="cluster",
-         overrides=["merger.quorum={M}", "diloco.wait_steps=0", "codec.dtype=int4", "merger.optimizer=nesterov"]),
+         overrides=["merger.quorum={M}", "diloco.wait_steps=0", "codec.dtype=int4", "codec.downlink_dtype=int4",
+                    "merger.optimizer=nesterov"]),
 ] + [
     dict(name=decoupled_name(opt), kind="cluster", decoupled=True, headline=(opt == "nesterov"),
          quick=(opt == "nesterov"), overrides=DECOUPLED_BASE + DECOUPLED_POLICY + [f"merger.optimizer={opt}"] + extra)
     for opt, extra in OPTIMIZERS.items()
 ] + [
     dict(name="Decoupled staggered", kind="cluster", quick=True, overrides=STAGGERED),
+] + [
+    # The downlink's codec: the Decoupled nesterov row (int4 both ways) with int8 or fp32 updates.
+    dict(name=f"Decoupled, {dtype} downlink", kind="cluster", decoupled=True, quick=True,
+         overrides=DECOUPLED_BASE + DECOUPLED_POLICY + ["merger.optimizer=nesterov", f"codec.downlink_dtype={dtype}"])
+    for dtype in ("int8", "fp32")
+] + [
     dict(name="Decoupled avg rule", kind="cluster", decoupled=True,
          overrides=DECOUPLED_BASE + DECOUPLED_POLICY + ["merger.optimizer=nesterov", "merger.rule=avg"]),
     dict(name="Decoupled alpha 0.5", kind="cluster", decoupled=True,
@@ -680,7 +689,7 @@ def parse_args():
                     "steps, synchronous DiLoCo and per-step averaging (same inner steps per learner), with fixed "
                     "seeds, on the local broker. Writes results.json, summary.md and plots into --out.")
     p.add_argument("--quick", action="store_true",
-                   help=f"configs/tiny.toml, M=2, one seed, five rows, S={QUICK_STEPS} (6 minutes on a loaded 2-core machine)")
+                   help=f"configs/tiny.toml, M=2, one seed, seven rows, S={QUICK_STEPS} (6 minutes on a loaded 2-core machine)")
     p.add_argument("--config", default="configs/tiny.toml", help="run config (default: configs/tiny.toml)")
     p.add_argument("--steps", type=int, help=f"S, inner steps per learner (default {DEFAULT_STEPS}; --quick {QUICK_STEPS})")
     p.add_argument("--seeds", default="1,2,3", help="seeds of the headline rows, comma-separated (the other rows "

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <iostream>
+#include <set>
 
 #include "core/kafka/consumer.h"
 #include "core/zmq/params_channel.h"
@@ -78,21 +79,48 @@ void ParamInbox::run() {
   using Clock = std::chrono::steady_clock;
   std::map<uint32_t, uint64_t> announced, have;
   std::map<uint32_t, Clock::time_point> behind_since, asked_at;
+  // The newest version of each fragment held in full: what the next update applies to.
+  std::map<uint32_t, FragmentParams> held;
+  // Fragments a snapshot is wanted of: asked for at most once per request_interval_s, and again
+  // until a usable version arrives.
+  std::set<uint32_t> wanted;
+  // The checksum a merger's heartbeat gives for a version: a held version with other bits (from a
+  // merger that lost the fragment, or corrupted) is replaced by a snapshot.
+  std::map<uint32_t, std::pair<uint64_t, uint64_t>> announced_checksum;
   auto ask_for_gaps = [&] {
     const auto now = Clock::now();
+    for (auto it = announced_checksum.begin(); it != announced_checksum.end();) {
+      auto h = held.find(it->first);
+      if (h == held.end() || h->second.version != it->second.first) {
+        ++it;
+        continue;
+      }
+      if (h->second.checksum != it->second.second) {
+        metrics_.add("params_checksum_mismatch_total", 1);
+        std::cerr << "learner: fragment " << it->first << " version " << it->second.first << ": held checksum "
+                  << h->second.checksum << ", the merger announces " << it->second.second << "; asking for a snapshot\n";
+        wanted.insert(it->first);
+      }
+      it = announced_checksum.erase(it);  // checked once per announcement
+    }
     for (const auto& [p, version] : announced) {
       if (have[p] >= version) {
         behind_since.erase(p);
         continue;
       }
       auto since = behind_since.try_emplace(p, now).first->second;
-      if (now - since < std::chrono::duration<double>(options_.request_delay_s)) continue;
-      auto asked = asked_at.find(p);
-      if (asked != asked_at.end() && now - asked->second < std::chrono::duration<double>(options_.request_interval_s))
+      if (now - since >= std::chrono::duration<double>(options_.request_delay_s)) wanted.insert(p);
+    }
+    for (auto it = wanted.begin(); it != wanted.end();) {
+      auto asked = asked_at.find(*it);
+      if (asked != asked_at.end() && now - asked->second < std::chrono::duration<double>(options_.request_interval_s)) {
+        ++it;
         continue;
-      subscriber.request(p);
-      asked_at[p] = now;
+      }
+      subscriber.request(*it);
+      asked_at[*it] = now;
       metrics_.add("params_requested_total", 1);
+      it = wanted.erase(it);
     }
   };
 
@@ -112,6 +140,8 @@ void ParamInbox::run() {
                 if (options_.limits.layout && m.owned_fragments[i] >= options_.limits.layout->num_fragments()) continue;
                 auto& v = announced[m.owned_fragments[i]];
                 v = std::max(v, m.fragment_versions[i]);
+                if (i < m.fragment_checksums.size())
+                  announced_checksum[m.owned_fragments[i]] = {m.fragment_versions[i], m.fragment_checksums[i]};
               }
           } catch (const Rejection& e) {
             metrics_.add("members_rejected_total", 1);
@@ -145,12 +175,36 @@ void ParamInbox::run() {
         throw Rejection(RejectReason::FragmentOutOfRange, "ZeroMQ topic says fragment " +
                                                                std::to_string(received->fragment) + ", message says " +
                                                                std::to_string(params.fragment));
+      const uint32_t p = params.fragment;
+      auto h = held.find(p);
+      if (h != held.end() && (params.version < h->second.version ||
+                              (params.version == h->second.version && params.checksum == h->second.checksum))) {
+        metrics_.add("params_already_held_total", 1);  // a snapshot answering another subscriber
+        continue;
+      }
+      const bool update = params.update;
+      if (update) {
+        if (h == held.end() || h->second.version != params.base_version) {
+          // Missed the version this update applies to (or joined after it): a snapshot is needed.
+          metrics_.add("params_updates_unusable_total", 1);
+          wanted.insert(p);
+          continue;
+        }
+        try {
+          params = apply_fragment_update(h->second, params);
+        } catch (const Rejection&) {
+          wanted.insert(p);
+          throw;
+        }
+      }
       ++received_;
-      metrics_.add("params_received_total", 1);
-      auto& newest = have[params.fragment];
+      metrics_.add("params_received_total", 1, {{"kind", update ? "update" : "snapshot"}});
+      held[p] = params;
+      wanted.erase(p);
+      auto& newest = have[p];
       newest = std::max(newest, params.version);
       std::lock_guard lock(mutex_);
-      auto& slot = latest_[params.fragment];
+      auto& slot = latest_[p];
       if (params.version >= slot.version) slot = std::move(params);
     } catch (const Rejection& e) {
       ++rejected_;

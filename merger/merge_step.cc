@@ -146,18 +146,38 @@ MergeRecord merge_step(const FragmentState& current, std::span<const MergeInput>
   next.last_merge = current.last_merge;
   next.accounted = current.accounted;
 
+  const bool quantized = options.downlink.dtype != DType::F32;
+  if (!quantized)
+    next.downlink_residual.clear();
+  else if (current.downlink_residual.empty())
+    next.downlink_residual = initial_momentum(current.params);  // zeros
+  else
+    copy_tensors(current.downlink_residual, next.downlink_residual);
+  if (options.change) options.change->clear();
+
   size_t largest = 0;
   for (const auto& spec : layout) largest = std::max(largest, static_cast<size_t>(spec.numel()));
-  std::vector<float> update(largest);
+  std::vector<float> update(largest), sent(quantized ? largest : 0), scratch;
   std::vector<std::span<const float>> deltas(inputs.size());
   for (size_t t = 0; t < layout.size(); ++t) {
     for (size_t i = 0; i < inputs.size(); ++i) deltas[i] = inputs[i].tensors[t].values;
-    const std::span<float> out(update.data(), next.params[t].values.size());
+    const size_t n = next.params[t].values.size();
+    const std::span<float> out(update.data(), n);
     aggregate_tensor(tensor_rule(options.rule, layout[t].name), deltas, weights, out);
     const std::span<float> state =
         keeps_state ? std::span<float>(next.outer_state[t].values) : std::span<float>();
-    outer_step(options.optimizer, options.hyper, next.version, next.params[t].values,
-               next.momentum[t].values, state, out, scale);
+    std::span<float> params(next.params[t].values);
+    outer_step(options.optimizer, options.hyper, next.version, params, next.momentum[t].values, state, out, scale);
+    if (!quantized) continue;
+    // The step's change (reusing `update`), quantized with the residual; the new version is the
+    // previous one plus what is sent.
+    const std::span<const float> previous(current.params[t].values);
+    for (size_t k = 0; k < n; ++k) out[k] = params[k] - previous[k];
+    QuantizedTensor q = quantize_with_feedback(static_cast<uint32_t>(t), layout[t].shape, out,
+                                               next.downlink_residual[t].values, options.downlink.dtype,
+                                               options.downlink.block_size, scratch, std::span<float>(sent.data(), n));
+    apply_update(previous, std::span<const float>(sent.data(), n), params);
+    if (options.change) options.change->push_back(std::move(q));
   }
   next.checksum = checksum_fp32(next.params);
 
@@ -175,7 +195,13 @@ MergeRecord merge_step(const FragmentState& current, std::span<const MergeInput>
   record.checksum = next.checksum;
   record.share = options.share;
   record.staleness_scale = options.staleness_scale;
+  record.downlink = options.downlink;
   return record;
+}
+
+MergeOptions recorded_merge_options(const MergeRecord& r, std::span<const TensorSpec> tensors) {
+  return MergeOptions{.rule = r.rule, .optimizer = r.optimizer, .hyper = r.hyper, .tensors = tensors,
+                      .share = r.share, .staleness_scale = r.staleness_scale, .downlink = r.downlink};
 }
 
 }  // namespace diloco

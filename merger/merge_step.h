@@ -4,7 +4,9 @@
 // one function, so applying the logged records to a checkpoint rebuilds every version bit for bit.
 //
 // Per tensor, in layout order: weights normalised to sum 1 -> aggregate (aggregate.h, with the
-// tensor's rule) -> outer optimizer step (outer_optimizer.h). No threads, fixed order, fp32.
+// tensor's rule) -> outer optimizer step (outer_optimizer.h) -> with a quantized downlink, the
+// step's change quantized with error feedback and applied to the previous version (below). No
+// threads, fixed order, fp32.
 #pragma once
 
 #include <span>
@@ -38,7 +40,20 @@ struct MergeOptions {
   float share = 1.0f;
   // The part of `share` that is the staleness scale; recorded (the step uses `share` only).
   float staleness_scale = 1.0f;
+  // How the new version travels (recorded). With F32 the new parameters are the outer step's.
+  // Otherwise the step's change plus the state's downlink_residual is quantized; the new
+  // parameters are the previous ones plus the dequantized change (apply_update), which is what a
+  // subscriber holding the previous version reconstructs from the update message, and what was
+  // not sent stays in downlink_residual for the next merge.
+  DownlinkCodec downlink;
+  // Out, optional: the quantized change of every tensor (a quantized downlink only; cleared
+  // otherwise), for the update message.
+  std::vector<QuantizedTensor>* change = nullptr;
 };
+
+// The options a merge record was made with (rule, optimizer, hyper, share, staleness scale,
+// downlink), for rebuilding it.
+MergeOptions recorded_merge_options(const MergeRecord& record, std::span<const TensorSpec> tensors);
 
 // The share of a round a merge of these inputs applies while `live` learners are live: distinct
 // learners merged / live ones (merged ones count as live); 1 for no inputs.
@@ -64,7 +79,7 @@ void validate_outer_hyper(const OuterHyper& hyper);
 
 // Writes version current.version + 1 of the fragment into `next` (which must not be `current`;
 // its buffers are reused, so a caller can alternate two states without allocating): run id,
-// fingerprint, fragment, version, params, momentum, outer_state and checksum. The outer_state
+// fingerprint, fragment, version, params, momentum, outer_state, downlink_residual and checksum. The outer_state
 // of an optimizer that keeps one starts from zeros when `current` has none (an older checkpoint,
 // or a run that switched optimizer) and is left empty otherwise. With Cgad the outer gradient
 // is also scaled by the inputs' age factor (weighting.h). consumed, last_merge and

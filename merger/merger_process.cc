@@ -39,7 +39,8 @@ struct OwnedFragment {
   FragmentState state;    // the committed version
   FragmentState scratch;  // merge_step writes the next version here
   std::unique_ptr<FragmentMerger> merger;
-  std::vector<uint8_t> params_message;  // encoded FragmentParams of `state`, for (re)publishing
+  std::vector<uint8_t> params_message;  // encoded snapshot of `state`, made when first asked for
+  std::vector<QuantizedTensor> change;  // merge_step's quantized change (quantized downlink)
 };
 
 // How one round of a fragment went: from its first pending delta to the quorum, the grace spent
@@ -102,7 +103,8 @@ class MergerProcess : public RebalanceListener {
   void write_genesis(const std::vector<uint32_t>& fragments);
   std::vector<TopicPartitionOffset> offsets_to_commit() const;
   std::vector<TopicPartitionOffset> offsets_holding(const std::vector<LogPosition>& held) const;
-  void publish(uint32_t p);
+  void publish(uint32_t p);  // a snapshot of the current version
+  void publish_update(uint32_t p);
   void serve_requests();
   void announce_round(uint32_t p);
   void follow_members();
@@ -412,7 +414,8 @@ void MergerProcess::merge(uint32_t p, const std::vector<std::string>& live) {
   const RoundTiming timing = round_timing(*f.merger, plan, live);
 
   MergeOptions options{.rule = merge_rule(o_.config), .optimizer = outer_optimizer(o_.config),
-                       .hyper = outer_hyper(o_.config), .tensors = setup_.layout.fragments[p]};
+                       .hyper = outer_hyper(o_.config), .tensors = setup_.layout.fragments[p],
+                       .downlink = downlink_codec(o_.config), .change = &f.change};
   const bool share_scaling = o_.config.merger.share_scaling;
   set_merge_share(options, plan.inputs, share_scaling ? live.size() : 0, share_scaling);
   MergeRecord record = merge_step(f.state, plan.inputs, options, f.scratch);
@@ -430,7 +433,10 @@ void MergerProcess::merge(uint32_t p, const std::vector<std::string>& live) {
   f.params_message.clear();
   auto late_drops = f.merger->merge_committed(f.state.version);
   for (const auto& d : late_drops) metrics_.add("deltas_dropped_total", 1, {{"reason", drop_reason_name(d.reason)}});
-  publish(p);
+  if (options.downlink.dtype == DType::F32)
+    publish(p);
+  else
+    publish_update(p);
   double sync = f.merger->published(now());
   grace_.observe_sync_time(sync);
 
@@ -487,6 +493,24 @@ void MergerProcess::publish(uint32_t p) {
     f.params_message = encode_fragment_params(params);
   }
   publisher_->publish(p, f.params_message);
+  metrics_.add("params_bytes_published_total", static_cast<double>(f.params_message.size()), {{"kind", "snapshot"}});
+}
+
+// The change a merge made, for subscribers holding the previous version (the others ask for a
+// snapshot). The snapshot of the new version is encoded only when someone asks for it.
+void MergerProcess::publish_update(uint32_t p) {
+  auto& f = owned_.at(p);
+  FragmentParams header{.run_id = o_.config.run.id, .fingerprint = setup_.layout.fingerprint, .fragment = p,
+                        .version = f.state.version, .checksum = f.state.checksum,
+                        .merger_instance = o_.instance_id, .epoch = epoch_, .update = true,
+                        .base_version = f.state.version - 1};
+  const CodecOptions codec{.dtype = o_.config.codec.downlink_dtype,
+                           .block_size = o_.config.codec.downlink_block_size,
+                           .byte_shuffle = o_.config.codec.byte_shuffle,
+                           .zstd_level = o_.config.codec.zstd_level};
+  const std::vector<uint8_t> message = encode_fragment_update(header, f.change, codec);
+  publisher_->publish(p, message);
+  metrics_.add("params_bytes_published_total", static_cast<double>(message.size()), {{"kind", "update"}});
 }
 
 // Subscribers that connected or missed a version asked for fragments: publish the current version
@@ -556,6 +580,7 @@ void MergerProcess::announce(bool leaving) {
     for (const auto& [p, f] : owned_) {
       m.owned_fragments.push_back(p);
       m.fragment_versions.push_back(f.state.version);
+      m.fragment_checksums.push_back(f.state.checksum);
     }
   auto bytes = encode_member(m);
   plain_->try_produce({.topic = topics_.members(), .partition = 0, .key = o_.instance_id, .value = bytes}, 0);

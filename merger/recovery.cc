@@ -34,6 +34,12 @@ OuterHyper outer_hyper(const RunConfig& config) {
                     .adam_epsilon = static_cast<float>(m.adam_epsilon)};
 }
 
+DownlinkCodec downlink_codec(const RunConfig& config) {
+  const DType dtype = config.codec.downlink_dtype;
+  const bool blocks = dtype == DType::INT8 || dtype == DType::INT4;
+  return {.dtype = dtype, .block_size = blocks ? config.codec.downlink_block_size : 0};
+}
+
 void account(FragmentState& state, const MergeRecord& record) {
   auto raise = [](std::map<std::string, uint64_t>& by_learner, const std::string& learner, uint64_t value) {
     auto& v = by_learner[learner];
@@ -112,9 +118,7 @@ void apply_logged_merge(const LogContext& ctx, FragmentState& state, const Logge
   for (const auto& in : r.inputs) tensors.push_back(logged_delta(ctx, messages, in, merge.position).tensors);
   std::vector<MergeInput> inputs;
   for (size_t i = 0; i < r.inputs.size(); ++i) inputs.push_back(MergeInput{r.inputs[i], tensors[i]});
-  MergeOptions options{.rule = r.rule, .optimizer = r.optimizer, .hyper = r.hyper,
-                       .tensors = ctx.setup->layout.fragments.at(state.fragment), .share = r.share,
-                       .staleness_scale = r.staleness_scale};
+  const MergeOptions options = recorded_merge_options(r, ctx.setup->layout.fragments.at(state.fragment));
   FragmentState next;
   MergeRecord rebuilt = merge_step(state, inputs, options, next);
   if (rebuilt.checksum != r.checksum)

@@ -27,6 +27,8 @@ namespace diloco {
 MergeRule merge_rule(const RunConfig& config);
 OuterOptimizerKind outer_optimizer(const RunConfig& config);
 OuterHyper outer_hyper(const RunConfig& config);
+// codec.downlink_dtype and codec.downlink_block_size (block size 0 unless int8 or int4).
+DownlinkCodec downlink_codec(const RunConfig& config);
 
 struct LogContext {
   KafkaOptions kafka;

@@ -214,6 +214,8 @@ class LearnerStats:
         start = p.last("start") or {}
         self.region = start.get("region") if isinstance(start.get("region"), str) else "?"
         self.starts = len(p.events("start"))
+        parameters = start.get("parameters")
+        self.parameters = parameters if isinstance(parameters, int) and parameters > 0 else None
         self.tokens_series = cumulative(recs, {"step": "tokens", "eval": "tokens", "stop": "tokens"})
         self.tokens_times = [t for t, _, _ in self.tokens_series]
         self.tokens = self.tokens_series[-1][1] if self.tokens_series else 0.0
@@ -675,6 +677,17 @@ def build_page(run, out_dir, learners, merges, evals, total_tokens, notes):
     received = [s.bytes_received for s in learners]
     rows.append(("Bytes received from mergers (parameters, all learners)",
                  size(sum(received)) if received and None not in received else "– (not recorded)"))
+    # What fp32 data parallel would send for the same learner steps: every step, each learner sends
+    # and receives its gradient (2 x 4 bytes per parameter).
+    parameters = next((s.parameters for s in learners if s.parameters), None)
+    all_steps = sum(s.steps for s in learners)
+    if parameters and all_steps and received and None not in received and total_wire + sum(received) > 0:
+        data_parallel = 2 * 4 * parameters * all_steps
+        both = total_wire + sum(received)
+        rows.append(("fp32 data parallel at the same steps (2 x 4 B x parameters per learner step)",
+                     size(data_parallel)))
+        rows.append(("Both directions against fp32 data parallel",
+                     f"{size(both)}: {data_parallel / both:,.0f}x fewer bytes"))
     rows.append(("Deltas published", count(n_deltas)))
     rows.append(("Mean bytes per delta", size(total_wire / n_deltas) if n_deltas else "–"))
     if merges.staleness:

@@ -150,19 +150,41 @@ DeltaHeader peek_delta_header(std::span<const uint8_t> bytes, const DecodeLimits
 
 // ---- FragmentParams -------------------------------------------------------------------------
 
-std::vector<uint8_t> encode_fragment_params(const FragmentParams& msg, int zstd_level) {
-  const WireCodec codec{DType::F32, 0, true};
-  auto& fbb = builder();
-  const auto tensors = add_dense(fbb, msg.tensors, codec);
+namespace {
+
+std::vector<uint8_t> finish_fragment_params(flatbuffers::FlatBufferBuilder& fbb, const FragmentParams& msg,
+                                            uint64_t checksum, const WireCodec& codec,
+                                            flatbuffers::Offset<TensorVector> tensors, int zstd_level) {
   const auto codec_table = add_codec(fbb, codec);
   const auto run_id = fbb.CreateString(msg.run_id);
   const auto merger = fbb.CreateString(msg.merger_instance);
-  const uint64_t checksum = msg.checksum ? msg.checksum : checksum_fp32(msg.tensors);
-  const auto root =
-      wire::CreateFragmentParams(fbb, kSchemaVersion, run_id, msg.fingerprint, msg.fragment,
-                                 msg.version, checksum, merger, msg.epoch, codec_table, tensors);
+  const auto root = wire::CreateFragmentParams(fbb, kSchemaVersion, run_id, msg.fingerprint, msg.fragment,
+                                               msg.version, checksum, merger, msg.epoch, codec_table, tensors,
+                                               msg.update, msg.update ? msg.base_version : 0);
   wire::FinishFragmentParamsBuffer(fbb, root);
   return compress_finished(fbb, zstd_level);
+}
+
+}  // namespace
+
+std::vector<uint8_t> encode_fragment_params(const FragmentParams& msg, int zstd_level) {
+  DILOCO_ENFORCE(!msg.update, "encode_fragment_params writes snapshots; updates use encode_fragment_update");
+  const WireCodec codec{DType::F32, 0, true};
+  auto& fbb = builder();
+  const auto tensors = add_dense(fbb, msg.tensors, codec);
+  const uint64_t checksum = msg.checksum ? msg.checksum : checksum_fp32(msg.tensors);
+  return finish_fragment_params(fbb, msg, checksum, codec, tensors, zstd_level);
+}
+
+std::vector<uint8_t> encode_fragment_update(const FragmentParams& msg,
+                                            std::span<const QuantizedTensor> change,
+                                            const CodecOptions& options) {
+  DILOCO_ENFORCE(msg.update && msg.base_version + 1 == msg.version,
+                 "encode_fragment_update needs an update of base_version = version - 1");
+  const WireCodec codec = codec_of(options);
+  auto& fbb = builder();
+  const auto tensors = add_quantized(fbb, change, codec);
+  return finish_fragment_params(fbb, msg, msg.checksum, codec, tensors, options.zstd_level);
 }
 
 FragmentParams decode_fragment_params(std::span<const uint8_t> bytes,
@@ -181,8 +203,39 @@ FragmentParams decode_fragment_params(std::span<const uint8_t> bytes,
   out.checksum = m.checksum();
   out.merger_instance = required(m.merger_instance(), "merger_instance");
   out.epoch = m.epoch();
+  out.update = m.update();
+  out.base_version = m.base_version();
+  out.wire_bytes = bytes.size();
+  if (out.update && out.base_version + 1 != out.version)
+    reject(RejectReason::BadCounter, detail::concat("an update to version ", out.version, " from version ",
+                                                    out.base_version, " (updates go one version at a time)"));
+  if (!out.update && out.base_version != 0)
+    reject(RejectReason::BadCounter, detail::concat("a snapshot with base_version ", out.base_version));
   decode_tensors(m.tensors(), specs, check_codec(m.codec()), "tensors", out.tensors);
-  check_checksum(out.checksum, out.tensors, "FragmentParams");
+  if (!out.update) check_checksum(out.checksum, out.tensors, "FragmentParams");
+  return out;
+}
+
+FragmentParams apply_fragment_update(const FragmentParams& held, const FragmentParams& update) {
+  if (!update.update || held.update || held.fragment != update.fragment || held.version != update.base_version ||
+      held.tensors.size() != update.tensors.size())
+    throw InvalidInput(detail::concat("an update of fragment ", update.fragment, " from version ",
+                                      update.base_version, " does not apply to version ", held.version,
+                                      " of fragment ", held.fragment));
+  FragmentParams out = update;
+  out.update = false;
+  out.base_version = 0;
+  for (size_t t = 0; t < out.tensors.size(); ++t) {
+    if (held.tensors[t].shape != update.tensors[t].shape)
+      throw InvalidInput(detail::concat("an update of fragment ", update.fragment, ": tensor ", t,
+                                        " does not have the held tensor's shape"));
+    apply_update(held.tensors[t].values, update.tensors[t].values, out.tensors[t].values);
+  }
+  const uint64_t actual = checksum_fp32(out.tensors);
+  if (actual != update.checksum)
+    reject(RejectReason::CorruptFrame,
+           detail::concat("update of fragment ", update.fragment, " to version ", update.version,
+                          ": the reconstruction has checksum ", actual, ", the merger's is ", update.checksum));
   return out;
 }
 
@@ -193,6 +246,7 @@ std::vector<uint8_t> encode_fragment_state(const FragmentState& msg, int zstd_le
   const auto params = add_dense(fbb, msg.params, kStateCodec);
   const auto momentum = add_dense(fbb, msg.momentum, kStateCodec);
   const auto outer_state = add_dense(fbb, msg.outer_state, kStateCodec);
+  const auto downlink_residual = add_dense(fbb, msg.downlink_residual, kStateCodec);
   std::vector<flatbuffers::Offset<wire::LogPosition>> consumed;
   consumed.reserve(msg.consumed.size());
   for (const auto& p : msg.consumed) consumed.push_back(add_position(fbb, p));
@@ -217,7 +271,7 @@ std::vector<uint8_t> encode_fragment_state(const FragmentState& msg, int zstd_le
       wire::CreateFragmentState(fbb, kSchemaVersion, run_id, msg.fingerprint, msg.fragment,
                                 msg.version, params, momentum, consumed_vector, last_merge,
                                 checksum, accounted_vector, outer_state, merged_bases_vector,
-                                recent_vector);
+                                recent_vector, downlink_residual);
   wire::FinishFragmentStateBuffer(fbb, root);
   return compress_finished(fbb, zstd_level);
 }
@@ -258,6 +312,9 @@ FragmentState decode_fragment_state(std::span<const uint8_t> bytes, const Decode
   // Absent in states of Nesterov and Sgd and in older checkpoints; otherwise it mirrors params.
   if (m.outer_state() && m.outer_state()->size() != 0)
     decode_tensors(m.outer_state(), specs, kStateCodec, "outer_state", out.outer_state);
+  // Absent with an fp32 downlink and in older checkpoints; otherwise it mirrors params.
+  if (m.downlink_residual() && m.downlink_residual()->size() != 0)
+    decode_tensors(m.downlink_residual(), specs, kStateCodec, "downlink_residual", out.downlink_residual);
   check_checksum(out.checksum, out.params, "FragmentState");
   return out;
 }

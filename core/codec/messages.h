@@ -92,21 +92,44 @@ void decode_delta(std::span<const uint8_t> bytes, const DecodeLimits& limits, De
 DeltaHeader peek_delta_header(std::span<const uint8_t> bytes, const DecodeLimits& limits);
 
 // ---- FragmentParams -------------------------------------------------------------------------
+// A version of a fragment: a snapshot (the parameters) or an update (the change from
+// base_version = version - 1, which a holder of base_version applies with apply_update).
 struct FragmentParams {
   std::string run_id;
   uint64_t fingerprint = 0;
   uint32_t fragment = 0;
   uint64_t version = 0;
-  uint64_t checksum = 0;  // checksum_fp32 over tensors in layout order
+  uint64_t checksum = 0;  // checksum_fp32 of the version's parameters, in layout order
   std::string merger_instance;
   uint64_t epoch = 0;
-  std::vector<DenseTensor> tensors;
+  bool update = false;
+  uint64_t base_version = 0;        // update only
+  std::vector<DenseTensor> tensors;  // snapshot: the parameters; update: the change, dequantized
+  size_t wire_bytes = 0;             // size of the message it was decoded from
 };
 
-// Sent as fp32 (byte-shuffled); `checksum` is filled in by the encoder when it is 0.
+// A snapshot, sent as fp32 (byte-shuffled); `checksum` is filled in by the encoder when it is 0.
 std::vector<uint8_t> encode_fragment_params(const FragmentParams& msg, int zstd_level = 1);
-// Also verifies the checksum against the decoded values (rejects with CorruptFrame otherwise).
+// An update: msg's header (update, base_version, checksum of the result) with the quantized
+// change (the tensors must match `codec`'s dtype and block size; msg.tensors is not read).
+std::vector<uint8_t> encode_fragment_update(const FragmentParams& msg,
+                                            std::span<const QuantizedTensor> change,
+                                            const CodecOptions& codec);
+// A snapshot's checksum is verified against the decoded values (CorruptFrame otherwise); an
+// update's names the result and is verified by apply_fragment_update. An update must have
+// base_version = version - 1 (BadCounter).
 FragmentParams decode_fragment_params(std::span<const uint8_t> bytes, const DecodeLimits& limits);
+// The version `update` makes from `held` (a snapshot of update.base_version, same fragment): held's
+// parameters plus the change, checked against the update's checksum. Throws Rejection
+// (CorruptFrame) when the result does not match, InvalidInput when held is not its base.
+FragmentParams apply_fragment_update(const FragmentParams& held, const FragmentParams& update);
+
+// How a merger's new versions travel to subscribers (MergeRecord.downlink).
+struct DownlinkCodec {
+  DType dtype = DType::F32;  // F32: snapshots only; otherwise updates quantized this way
+  uint32_t block_size = 0;   // INT8 / INT4 only
+  bool operator==(const DownlinkCodec&) const = default;
+};
 
 // ---- MergeRecord ----------------------------------------------------------------------------
 enum class DropReason : uint8_t { None = 0, Superseded = 1, TooStale = 2, Invalid = 3, PendingAtStop = 4 };
@@ -176,6 +199,7 @@ struct MergeRecord {
   float share = 1.0f;  // in (0, 1]: the outer update was scaled by it (see merge_step.h)
   // In (0, 1]: the part of `share` that is the inputs' staleness scale (weighting.h).
   float staleness_scale = 1.0f;
+  DownlinkCodec downlink;  // how the new version was quantized for subscribers (merge_step.h)
 };
 
 std::vector<uint8_t> encode_merge_record(const MergeRecord& msg, int zstd_level = 3);
@@ -206,6 +230,9 @@ struct FragmentState {
   // Positions of deltas that committed records account for and that a consumer starting at the
   // committed offsets would read again (at or after them): they are skipped as re-reads.
   std::set<LogPosition> recent;
+  // With a quantized downlink: the part of the outer updates not yet sent (error feedback, same
+  // layout as params); empty for an fp32 downlink.
+  std::vector<DenseTensor> downlink_residual;
 };
 
 std::vector<uint8_t> encode_fragment_state(const FragmentState& msg, int zstd_level = 1);
@@ -225,6 +252,7 @@ struct Member {
   uint64_t epoch = 0;
   std::vector<uint32_t> owned_fragments;
   std::vector<uint64_t> fragment_versions;
+  std::vector<uint64_t> fragment_checksums;  // mergers: parallel to owned_fragments, or empty
   int64_t time_us = 0;
   uint64_t step = 0;
   float step_time_s = 0;

@@ -359,16 +359,19 @@ void dequantize(const QuantizedTensor& q, std::span<float> out) {
   dequantize_into(q.dtype, q.block_size, q.scales, q.payload, out);
 }
 
-QuantizedTensor ErrorFeedback::push(uint32_t index, std::vector<int64_t> shape,
-                                    std::span<const float> delta, DType dtype,
-                                    uint32_t block_size) {
+QuantizedTensor quantize_with_feedback(uint32_t index, std::vector<int64_t> shape,
+                                       std::span<const float> delta, std::span<float> residual_all,
+                                       DType dtype, uint32_t block_size, std::vector<float>& scratch,
+                                       std::span<float> sent) {
   const size_t n = delta.size();
   if (static_cast<size_t>(checked_numel(shape)) != n)
     throw InvalidInput(detail::concat("error feedback: shape does not hold ", n, " values"));
-  if (residual_.empty()) residual_.assign(n, 0.0f);
-  if (residual_.size() != n)
+  if (residual_all.size() != n)
     throw InvalidInput(detail::concat("error feedback: delta of ", n, " values, residual of ",
-                                      residual_.size()));
+                                      residual_all.size()));
+  if (!sent.empty() && sent.size() != n)
+    throw InvalidInput(detail::concat("error feedback: delta of ", n, " values, output of ",
+                                      sent.size()));
   QuantizedTensor q;
   q.index = index;
   q.shape = std::move(shape);
@@ -381,23 +384,38 @@ QuantizedTensor ErrorFeedback::push(uint32_t index, std::vector<int64_t> shape,
   // segment starts on a byte): x = delta + residual, send quantize(x), keep x - dequantize(sent).
   const size_t block = q.block_size ? q.block_size : 1;
   const size_t segment = std::max<size_t>(1, 8192 / (2 * block)) * 2 * block;
-  scratch_.resize(std::min(segment, n));
+  scratch.resize(std::min(segment, n));
   for (size_t s = 0; s < n; s += segment) {
     const size_t len = std::min(segment, n - s);
     const size_t first_block = q.block_size ? s / block : 0;
     const size_t blocks = num_blocks(dtype, block_size, static_cast<int64_t>(len));
     const size_t first_byte = payload_bytes(dtype, static_cast<int64_t>(s));
     const size_t bytes = payload_bytes(dtype, static_cast<int64_t>(len));
-    const std::span<float> x(scratch_.data(), len);
+    const std::span<float> x(scratch.data(), len);
     const std::span<float> scales(q.scales.data() + first_block, blocks);
     const std::span<uint8_t> payload(q.payload.data() + first_byte, bytes);
-    const std::span<float> residual(residual_.data() + s, len);
+    const std::span<float> residual(residual_all.data() + s, len);
     add(delta.data() + s, residual.data(), len, x.data());
     quantize_into(x, dtype, block_size, scales, payload);
     dequantize_into(dtype, block_size, scales, payload, residual);
+    if (!sent.empty()) std::copy(residual.begin(), residual.end(), sent.begin() + static_cast<std::ptrdiff_t>(s));
     subtract_from(x.data(), len, residual.data());
   }
   return q;
+}
+
+QuantizedTensor ErrorFeedback::push(uint32_t index, std::vector<int64_t> shape,
+                                    std::span<const float> delta, DType dtype,
+                                    uint32_t block_size) {
+  if (residual_.empty()) residual_.assign(delta.size(), 0.0f);
+  return quantize_with_feedback(index, std::move(shape), delta, residual_, dtype, block_size, scratch_);
+}
+
+void apply_update(std::span<const float> base, std::span<const float> update, std::span<float> out) {
+  if (base.size() != update.size() || out.size() != base.size())
+    throw InvalidInput(detail::concat("apply_update: base of ", base.size(), " values, update of ",
+                                      update.size(), ", output of ", out.size()));
+  for (size_t i = 0; i < out.size(); ++i) out[i] = base[i] + update[i];
 }
 
 }  // namespace diloco

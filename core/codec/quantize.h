@@ -52,6 +52,20 @@ void quantize_into(std::span<const float> values, DType dtype, uint32_t block_si
 void dequantize_into(DType dtype, uint32_t block_size, std::span<const float> scales,
                      std::span<const uint8_t> payload, std::span<float> out);
 
+// Error feedback on caller-owned memory: quantizes x = delta + residual, leaves
+// x - dequantize(result) in `residual` and, when `sent` is not empty (n values), dequantize(result)
+// in `sent`. `scratch` is reused between calls. ErrorFeedback::push is this on its own residual.
+QuantizedTensor quantize_with_feedback(uint32_t index, std::vector<int64_t> shape,
+                                       std::span<const float> delta, std::span<float> residual,
+                                       DType dtype, uint32_t block_size, std::vector<float>& scratch,
+                                       std::span<float> sent = {});
+
+// out = base + update, element by element in fp32 (out may be base). The one definition of how a
+// parameter update is applied: the merger computes a new version with it and every subscriber
+// reconstructs that version with it, so both hold the same bits (the project compiles with
+// -ffp-contract=off, so no fused multiply-add makes them depend on the CPU).
+void apply_update(std::span<const float> base, std::span<const float> update, std::span<float> out);
+
 // Error feedback for one tensor: the part of a delta that quantization lost is carried into the
 // next delta of the same tensor, so the sum of what was sent tracks the sum of the true deltas.
 class ErrorFeedback {

@@ -131,11 +131,16 @@ std::vector<uint8_t> encode_merge_record(const MergeRecord& msg, int zstd_level)
                                             h.adam_beta2, h.adam_epsilon);
   const auto run_id = fbb.CreateString(msg.run_id);
   const auto merger = fbb.CreateString(msg.merger_instance);
+  // Absent for an fp32 downlink, as in records written before the field existed.
+  const auto downlink =
+      msg.downlink.dtype == DType::F32
+          ? flatbuffers::Offset<wire::Codec>()
+          : add_codec(fbb, codec_of({.dtype = msg.downlink.dtype, .block_size = msg.downlink.block_size}));
   const auto root = wire::CreateMergeRecord(
       fbb, kSchemaVersion, run_id, msg.fingerprint, msg.fragment, msg.version, msg.prev_version,
       inputs_vector, dropped_vector, static_cast<wire::MergeRule>(msg.rule),
       static_cast<wire::OuterOptimizer>(msg.optimizer), hyper, msg.checksum, merger, msg.epoch,
-      msg.merge_time_us, msg.share, msg.staleness_scale);
+      msg.merge_time_us, msg.share, msg.staleness_scale, downlink);
   wire::FinishMergeRecordBuffer(fbb, root);
   return compress_finished(fbb, zstd_level);
 }
@@ -198,6 +203,10 @@ MergeRecord decode_merge_record(std::span<const uint8_t> bytes, const DecodeLimi
     if (!(value > 0.0f && value <= 1.0f))
       reject(RejectReason::BadCounter, detail::concat(field, " ", value, " is not in (0, 1]"));
   }
+  if (m.downlink()) {
+    const WireCodec c = check_codec(m.downlink());
+    out.downlink = {.dtype = c.dtype, .block_size = c.block_size};
+  }
   return out;
 }
 
@@ -211,10 +220,11 @@ std::vector<uint8_t> encode_member(const Member& msg) {
   const auto endpoint = fbb.CreateString(msg.endpoint);
   const auto owned = fbb.CreateVector(msg.owned_fragments);
   const auto versions = fbb.CreateVector(msg.fragment_versions);
+  const auto checksums = fbb.CreateVector(msg.fragment_checksums);
   const auto root = wire::CreateMember(
       fbb, kSchemaVersion, run_id, instance_id, static_cast<wire::Role>(msg.role), region,
       endpoint, msg.epoch, owned, versions, msg.time_us, msg.step, msg.step_time_s,
-      msg.tokens_per_s, msg.loss, msg.tokens, msg.bytes_sent, msg.bytes_received);
+      msg.tokens_per_s, msg.loss, msg.tokens, msg.bytes_sent, msg.bytes_received, checksums);
   wire::FinishMemberBuffer(fbb, root);
   return compress_finished(fbb, 1);
 }
@@ -234,6 +244,11 @@ Member decode_member(std::span<const uint8_t> bytes, const DecodeLimits& limits)
     reject(RejectReason::BadFlatbuffer,
            detail::concat(out.owned_fragments.size(), " owned fragments but ",
                           out.fragment_versions.size(), " fragment versions"));
+  out.fragment_checksums = copy_vector(m.fragment_checksums());
+  if (!out.fragment_checksums.empty() && out.fragment_checksums.size() != out.owned_fragments.size())
+    reject(RejectReason::BadFlatbuffer,
+           detail::concat(out.owned_fragments.size(), " owned fragments but ",
+                          out.fragment_checksums.size(), " fragment checksums"));
   out.time_us = m.time_us();
   out.step = m.step();
   out.step_time_s = m.step_time_s();

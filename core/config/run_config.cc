@@ -188,6 +188,8 @@ void parse_codec(const Section& s, RunConfig& c) {
     else if (key == "block_size") read(f, c.codec.block_size);
     else if (key == "byte_shuffle") read(f, c.codec.byte_shuffle);
     else if (key == "zstd_level") read(f, c.codec.zstd_level);
+    else if (key == "downlink_dtype") read(f, c.codec.downlink_dtype);
+    else if (key == "downlink_block_size") read(f, c.codec.downlink_block_size);
     else unknown_key(f);
   }
 }
@@ -400,6 +402,8 @@ void validate_run_config(const RunConfig& c) {
   check(c.diloco.wait_timeout_seconds > 0, c, "diloco.wait_timeout_seconds must be positive");
 
   check(c.codec.block_size >= 1, c, "codec.block_size must be at least 1");
+  check(c.codec.downlink_block_size >= 1 && c.codec.downlink_block_size <= (1u << 20), c,
+        "codec.downlink_block_size must be between 1 and 1048576");
   check(c.codec.zstd_level >= 1 && c.codec.zstd_level <= 22, c,
         "codec.zstd_level must be between 1 and 22");
 

@@ -73,6 +73,11 @@ struct CodecConfig {
   uint32_t block_size = 64;   // values per quantization scale (int8/int4)
   bool byte_shuffle = true;
   int zstd_level = 3;
+  // How new global versions travel from mergers to learners: fp32 snapshots, or updates (the
+  // change from the previous version) quantized this way with error feedback at the merger; the
+  // global parameters are defined as what a learner reconstructs, so checksums stay exact.
+  DType downlink_dtype = DType::INT4;
+  uint32_t downlink_block_size = 64;
 };
 
 enum class DataSplit {

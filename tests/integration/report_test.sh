@@ -110,6 +110,8 @@ for text in "| Final global held-out loss | 2.9375 (at 7.0 s, 5,120 tokens, vers
             "| Bytes on the wire, learner-1 | 4,100 B (4.0 KiB) |" \
             "| Mean bytes per delta | 1,480 B (1.4 KiB) |" \
             "| Bytes received from mergers (parameters, all learners) | 17,000 B (16.6 KiB) |" \
+            "| fp32 data parallel at the same steps (2 x 4 B x parameters per learner step) | 400,000 B (390.6 KiB) |" \
+            "| Both directions against fp32 data parallel | 24,400 B (23.8 KiB): 16x fewer bytes |" \
             "| Mean staleness of merged deltas | 0.60 (max 2) |" \
             "| Versions per fragment | 0: 3, 1: 1 |" \
             "# Run fixture-1" \

@@ -51,6 +51,8 @@ dtype = "int8"
 block_size = 32
 byte_shuffle = false
 zstd_level = 5
+downlink_dtype = "bf16"
+downlink_block_size = 32
 [data]
 path = "data/other.txt"
 split = "region"
@@ -101,7 +103,7 @@ TEST_CASE("run_config_json prints every field under its TOML name, and --set of 
       apply_override(rebuilt, section + "." + key + "=" + toml_literal(value));
       ++fields;
     }
-  CHECK(fields == 56);  // the keys the parser knows (core/config/run_config.cc)
+  CHECK(fields == 58);  // the keys the parser knows (core/config/run_config.cc)
   CHECK(run_config_json(rebuilt) == printed);
   CHECK(printed["train"]["batch"] == 5);
   CHECK(printed["codec"]["dtype"] == "int8");

@@ -497,3 +497,57 @@ TEST_CASE("merge_step refuses invalid delayed Nesterov and CGAD settings", "[mer
     CHECK_THROWS_AS(merge_step(current, inputs_of(deltas), o, next), InvalidInput);
   }
 }
+
+TEST_CASE("with a quantized downlink the new version is the previous one plus what is sent", "[merger]") {
+  std::mt19937 rng(31);
+  FragmentState current = genesis(rng);
+  const std::vector<TestDelta> deltas{make_delta(rng, "a", 3, 5, 5, 1), make_delta(rng, "b", 8, 5, 5, 1)};
+  const MergeOptions fp32 = options();
+  FragmentState exact;
+  merge_step(current, inputs_of(deltas), fp32, exact);
+
+  MergeOptions o = options();
+  std::vector<QuantizedTensor> change;
+  o.downlink = {.dtype = DType::INT4, .block_size = 4};
+  o.change = &change;
+  FragmentState next;
+  const MergeRecord record = merge_step(current, inputs_of(deltas), o, next);
+  CHECK(record.downlink == o.downlink);
+  CHECK(record.checksum == checksum_fp32(next.params));
+  CHECK(same_bits(next.momentum, exact.momentum));  // the optimizer's state is the exact step's
+  REQUIRE(change.size() == kLayout.size());
+  REQUIRE(next.downlink_residual.size() == kLayout.size());
+  bool lossy = false;
+  for (size_t t = 0; t < kLayout.size(); ++t) {
+    CHECK(change[t].dtype == DType::INT4);
+    CHECK(change[t].index == t);
+    std::vector<float> sent(next.params[t].values.size()), rebuilt(sent.size());
+    dequantize(change[t], sent);
+    // What a subscriber holding the previous version computes: the same bits.
+    apply_update(current.params[t].values, sent, rebuilt);
+    CHECK(std::memcmp(rebuilt.data(), next.params[t].values.data(), 4 * rebuilt.size()) == 0);
+    // Nothing is lost: the residual holds what the exact step has and the sent version has not.
+    for (size_t k = 0; k < sent.size(); ++k) {
+      const float want = exact.params[t].values[k] - current.params[t].values[k];
+      CHECK(sent[k] + next.downlink_residual[t].values[k] == Approx(want).margin(1e-6));
+      lossy |= next.downlink_residual[t].values[k] != 0.0f;
+    }
+  }
+  CHECK(lossy);  // int4 at these sizes does not send the step exactly
+
+  // The residual goes into the next merge's change (and a replay from the record rebuilds it).
+  FragmentState after, again;
+  const std::vector<TestDelta> more{make_delta(rng, "a", 9, 6, 6, 1)};
+  const MergeRecord second = merge_step(next, inputs_of(more), o, after);
+  merge_step(next, inputs_of(more), recorded_merge_options(second, kLayout), again);
+  CHECK(same_bits(after.params, again.params));
+  CHECK(same_bits(after.downlink_residual, again.downlink_residual));
+
+  // An fp32 downlink keeps no residual and sends no change.
+  FragmentState plain;
+  MergeOptions f = options();
+  f.change = &change;
+  merge_step(next, inputs_of(more), f, plain);
+  CHECK(plain.downlink_residual.empty());
+  CHECK(change.empty());
+}

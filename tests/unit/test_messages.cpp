@@ -352,6 +352,64 @@ TEST_CASE("FragmentParams round trip", "[codec][messages]") {
   }
 }
 
+TEST_CASE("a FragmentParams update rebuilds the merger's version bit for bit", "[codec][messages]") {
+  const auto layout = make_layout();
+  const auto limits = limits_for(layout);
+  FragmentParams held{.run_id = "run-1", .fingerprint = layout.fingerprint, .fragment = 0, .version = 41,
+                      .merger_instance = "merger-a", .epoch = 3, .tensors = dense_fragment(layout, 0, 21)};
+  held.checksum = checksum_fp32(held.tensors);
+  const DType dtype = GENERATE(DType::INT8, DType::INT4, DType::BF16);
+  const uint32_t block = dtype == DType::BF16 ? 0 : 16;
+  // The merger's side: a change, quantized; the new version is held + dequantized change.
+  const auto step = dense_fragment(layout, 0, 22);
+  std::vector<QuantizedTensor> change;
+  FragmentParams next = held;
+  next.version = 42;
+  for (size_t t = 0; t < step.size(); ++t) {
+    std::vector<float> scaled = step[t].values;
+    for (float& v : scaled) v *= 1e-3f;
+    change.push_back(quantize(static_cast<uint32_t>(t), step[t].shape, scaled, dtype, block));
+    std::vector<float> sent(scaled.size());
+    dequantize(change.back(), sent);
+    apply_update(held.tensors[t].values, sent, next.tensors[t].values);
+  }
+  next.checksum = checksum_fp32(next.tensors);
+  FragmentParams header = next;
+  header.update = true;
+  header.base_version = 41;
+  const auto bytes = encode_fragment_update(header, change, {.dtype = dtype, .block_size = block});
+  const FragmentParams got = decode_fragment_params(bytes, limits);
+  CHECK(got.update);
+  CHECK(got.base_version == 41);
+  CHECK(got.version == 42);
+  CHECK(got.wire_bytes == bytes.size());
+  const FragmentParams rebuilt = apply_fragment_update(held, got);
+  CHECK_FALSE(rebuilt.update);
+  CHECK(rebuilt.version == 42);
+  CHECK(rebuilt.checksum == next.checksum);
+  CHECK(checksum_fp32(rebuilt.tensors) == next.checksum);
+  for (size_t t = 0; t < next.tensors.size(); ++t) CHECK(rebuilt.tensors[t].values == next.tensors[t].values);
+  // Smaller than the snapshot of the same version.
+  CHECK(bytes.size() < encode_fragment_params(next).size());
+
+  SECTION("not on the version it was made for") {
+    FragmentParams other = held;
+    other.version = 40;
+    CHECK_THROWS_AS(apply_fragment_update(other, got), InvalidInput);
+    CHECK_THROWS_AS(apply_fragment_update(got, got), InvalidInput);  // an update is not a base
+  }
+  SECTION("a base that differs from the merger's fails the checksum") {
+    FragmentParams other = held;
+    other.tensors[1].values[0] += 1.0f;
+    CHECK_REJECTS(apply_fragment_update(other, got), CorruptFrame);
+  }
+  SECTION("a declared checksum that the result does not have") {
+    header.checksum ^= 1;
+    const auto tampered = decode_fragment_params(encode_fragment_update(header, change, {.dtype = dtype, .block_size = block}), limits);
+    CHECK_REJECTS(apply_fragment_update(held, tampered), CorruptFrame);
+  }
+}
+
 TEST_CASE("FragmentState round trip", "[codec][messages]") {
   const auto layout = make_layout();
   FragmentState msg;
@@ -388,6 +446,15 @@ TEST_CASE("FragmentState round trip", "[codec][messages]") {
     const auto no_momentum = decode_fragment_state(encode_fragment_state(msg), limits_for(layout));
     CHECK(no_momentum.momentum.empty());
     CHECK(no_momentum.params[0].values == msg.params[0].values);
+  }
+
+  CHECK(got.downlink_residual.empty());  // an fp32 downlink keeps none
+
+  SECTION("with a downlink residual") {
+    msg.downlink_residual = dense_fragment(layout, 1, 34);
+    const auto with_residual = decode_fragment_state(encode_fragment_state(msg), limits_for(layout));
+    REQUIRE(with_residual.downlink_residual.size() == 1);
+    CHECK(with_residual.downlink_residual[0].values == msg.downlink_residual[0].values);
   }
 
   SECTION("with an outer_state") {
@@ -503,6 +570,12 @@ TEST_CASE("MergeRecord round trip of the outer optimizers' settings and the stal
     CHECK(got.share == 0.25f);
     CHECK(got.staleness_scale == 0.5f);
     check_same_hyper(got.hyper, msg.hyper);
+    CHECK(got.downlink == DownlinkCodec{});  // fp32, the default
+  }
+  for (const DownlinkCodec downlink : {DownlinkCodec{DType::INT4, 64}, DownlinkCodec{DType::INT8, 128},
+                                       DownlinkCodec{DType::BF16, 0}}) {
+    msg.downlink = downlink;
+    CHECK(decode_merge_record(encode_merge_record(msg), limits_for(layout)).downlink == downlink);
   }
   for (float bad : {0.0f, 1.5f, std::numeric_limits<float>::quiet_NaN()}) {
     msg.staleness_scale = bad;
@@ -546,7 +619,13 @@ TEST_CASE("Member round trip", "[codec][messages]") {
   CHECK(got.tokens == msg.tokens);
   CHECK(got.bytes_sent == msg.bytes_sent);
   CHECK(got.bytes_received == msg.bytes_received);
+  CHECK(got.fragment_checksums.empty());  // none given
   CHECK(std::string(role_name(Role::Evaluator)) == "evaluator");
+
+  msg.fragment_checksums = {7, 1ull << 63};
+  CHECK(decode_member(encode_member(msg), limits_for(layout)).fragment_checksums == msg.fragment_checksums);
+  msg.fragment_checksums = {7};  // not one per owned fragment
+  CHECK_REJECTS(decode_member(encode_member(msg), limits_for(layout)), BadFlatbuffer);
 }
 
 TEST_CASE("Rejected round trip keeps at most 256 bytes of payload", "[codec][messages]") {

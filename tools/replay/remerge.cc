@@ -20,8 +20,9 @@ namespace {
 
 // The settings of one merge: the record's, with the ones the options set replaced.
 MergeOptions merge_options(const RemergeOptions& o, const MergeRecord& r, std::span<const TensorSpec> layout) {
-  MergeOptions m{.rule = o.rule.value_or(r.rule), .optimizer = o.optimizer.value_or(r.optimizer), .hyper = r.hyper,
-                 .tensors = layout, .share = r.share, .staleness_scale = r.staleness_scale};
+  MergeOptions m = recorded_merge_options(r, layout);
+  if (o.rule) m.rule = *o.rule;
+  if (o.optimizer) m.optimizer = *o.optimizer;
   if (o.staleness_alpha) m.hyper.staleness_alpha = *o.staleness_alpha;
   if (o.lr) m.hyper.lr = *o.lr;
   if (o.momentum) m.hyper.momentum = *o.momentum;

@@ -1,0 +1,174 @@
+// The learner's parameter inbox against a test publisher posing as a merger (announced in the real
+// broker's `members` topic): snapshots are taken as they are, updates are applied to the held
+// version bit for bit, an update the inbox cannot apply (a version it missed) or whose result does
+// not match its checksum makes it ask for a snapshot, and so do a version announced in `members`
+// that never arrives and a held version whose checksum is not the one the merger announces.
+#include <catch2/catch.hpp>
+
+#include <optional>
+#include <random>
+#include <thread>
+
+#include <zmq.hpp>
+
+#include "core/codec/messages.h"
+#include "core/kafka/producer.h"
+#include "core/zmq/params_channel.h"
+#include "learner/param_inbox.h"
+#include "tests/integration/child_process.h"
+#include "tests/integration/run_fixture.h"
+
+using namespace diloco;
+using namespace std::chrono_literals;
+
+namespace {
+
+const FragmentLayout kLayout{.fragments = {{{"w", {16, 24}}, {"b", {24}}}}, .fingerprint = 0x5eed};
+
+std::vector<DenseTensor> random_tensors(std::mt19937& rng, float scale) {
+  std::normal_distribution<float> dist(0.0f, scale);
+  std::vector<DenseTensor> out;
+  for (uint32_t t = 0; t < kLayout.fragments[0].size(); ++t) {
+    DenseTensor d{.index = t, .shape = kLayout.fragments[0][t].shape};
+    d.values.resize(static_cast<size_t>(kLayout.fragments[0][t].numel()));
+    for (auto& v : d.values) v = dist(rng);
+    out.push_back(std::move(d));
+  }
+  return out;
+}
+
+// What a merger does for a new version: quantize a change, apply it to the previous version.
+struct Version {
+  FragmentParams full;                 // the version's parameters
+  std::vector<QuantizedTensor> change;  // from the previous version
+};
+
+Version next_version(const FragmentParams& previous, std::mt19937& rng) {
+  Version v{.full = previous};
+  v.full.version = previous.version + 1;
+  const auto step = random_tensors(rng, 0.01f);
+  for (size_t t = 0; t < step.size(); ++t) {
+    QuantizedTensor q = quantize(static_cast<uint32_t>(t), step[t].shape, step[t].values, DType::INT4, 32);
+    std::vector<float> sent(step[t].values.size());
+    dequantize(q, sent);
+    apply_update(previous.tensors[t].values, sent, v.full.tensors[t].values);
+    v.change.push_back(std::move(q));
+  }
+  v.full.checksum = checksum_fp32(v.full.tensors);
+  return v;
+}
+
+std::vector<uint8_t> update_message(const Version& v) {
+  FragmentParams header = v.full;
+  header.update = true;
+  header.base_version = v.full.version - 1;
+  header.tensors.clear();
+  return encode_fragment_update(header, v.change, {.dtype = DType::INT4, .block_size = 32});
+}
+
+}  // namespace
+
+TEST_CASE("the inbox applies updates bit for bit and asks for a snapshot when it cannot", "[learner][inbox]") {
+  KafkaOptions kafka = testing::require_broker();
+  const std::string run = testing::unique_run_id("inbox");
+  RunTopics topics = testing::create_run(kafka, run, {"r0"}, 1);
+
+  zmq::context_t context;
+  ParamsPublisher publisher(context, "tcp://127.0.0.1:*");
+  Producer producer({.kafka = kafka}, nullptr);
+  auto announce = [&](uint64_t version, std::optional<uint64_t> checksum = std::nullopt) {
+    Member m{.run_id = run, .instance_id = "test-merger", .role = Role::Merger, .endpoint = publisher.bound_endpoint(),
+             .owned_fragments = {0}, .fragment_versions = {version}};
+    if (checksum) m.fragment_checksums = {*checksum};
+    producer.produce({.topic = topics.members(), .partition = 0, .key = "test-merger", .value = encode_member(m)}, 0,
+                     10000);
+    REQUIRE(producer.flush(20000) == 0);
+  };
+  announce(1);
+
+  Metrics metrics("test_");
+  ParamInbox inbox({.kafka = kafka, .topics = topics,
+                    .limits = {.run_id = run, .fingerprint = kLayout.fingerprint, .layout = &kLayout},
+                    .request_delay_s = 0.3, .request_interval_s = 0.5},
+                   metrics);
+  // The inbox's subscription (it found the endpoint in `members`) is the connect.
+  REQUIRE(testing::eventually([&] { return publisher.take_requests().all; }, 30s));
+
+  std::mt19937 rng(7);
+  FragmentParams v1{.run_id = run, .fingerprint = kLayout.fingerprint, .fragment = 0, .version = 1,
+                    .merger_instance = "test-merger", .epoch = 1, .tensors = random_tensors(rng, 1.0f)};
+  v1.checksum = checksum_fp32(v1.tensors);
+  auto take_version = [&](uint64_t want) -> std::optional<FragmentParams> {
+    std::optional<FragmentParams> got;
+    testing::eventually(
+        [&] {
+          for (auto& p : inbox.take({0}))
+            if (p.version == want) got = std::move(p);
+          return got.has_value();
+        },
+        10s);
+    return got;
+  };
+  auto requested = [&](std::chrono::seconds within) {
+    return testing::eventually([&] { return publisher.take_requests().fragments.count(0) > 0; }, within);
+  };
+
+  // A snapshot, then an update on it: the reconstruction has the merger's bits.
+  const auto snapshot = encode_fragment_params(v1);
+  auto got = testing::eventually(
+      [&] {
+        publisher.publish(0, snapshot);
+        return inbox.received() > 0;
+      },
+      10s);
+  REQUIRE(got);
+  REQUIRE(take_version(1));
+  const Version v2 = next_version(v1, rng);
+  announce(2);
+  publisher.publish(0, update_message(v2));
+  auto taken = take_version(2);
+  REQUIRE(taken);
+  CHECK(taken->checksum == v2.full.checksum);
+  CHECK(checksum_fp32(taken->tensors) == v2.full.checksum);
+  for (size_t t = 0; t < v2.full.tensors.size(); ++t) CHECK(taken->tensors[t].values == v2.full.tensors[t].values);
+  CHECK(metrics.value("params_received_total", {{"kind", "update"}}) == 1);
+
+  // Version 3 is lost on the way: the update to 4 cannot be applied; the inbox asks at once.
+  const Version v3 = next_version(v2.full, rng);
+  const Version v4 = next_version(v3.full, rng);
+  publisher.take_requests();
+  publisher.publish(0, update_message(v4));
+  CHECK(requested(5s));
+  CHECK(inbox.take({0}).empty());
+  CHECK(metrics.value("params_updates_unusable_total") >= 1);
+  publisher.publish(0, encode_fragment_params(v4.full));
+  taken = take_version(4);
+  REQUIRE(taken);
+  CHECK(checksum_fp32(taken->tensors) == v4.full.checksum);
+
+  // An update whose result does not match its checksum is rejected, never taken, and the inbox
+  // asks for a snapshot.
+  Version v5 = next_version(v4.full, rng);
+  v5.full.checksum ^= 1;
+  publisher.take_requests();
+  const uint64_t rejected_before = inbox.rejected();
+  publisher.publish(0, update_message(v5));
+  CHECK(testing::eventually([&] { return inbox.rejected() > rejected_before; }, 5s));
+  CHECK(requested(5s));
+  CHECK(inbox.take({0}).empty());
+  CHECK(metrics.value("params_rejected_total", {{"reason", "corrupt_frame"}}) == 1);
+
+  // A heartbeat naming the held version with other bits: the inbox asks for a snapshot.
+  publisher.take_requests();
+  announce(4, v4.full.checksum);
+  std::this_thread::sleep_for(1s);
+  CHECK(metrics.value("params_checksum_mismatch_total") == 0);
+  announce(4, v4.full.checksum ^ 1);
+  CHECK(requested(10s));
+  CHECK(metrics.value("params_checksum_mismatch_total") == 1);
+
+  // A version announced in `members` that never arrives is asked for after request_delay_s.
+  publisher.take_requests();
+  announce(9);
+  CHECK(requested(10s));
+}
