@@ -16,6 +16,7 @@
 #include "core/fragments/schedule.h"
 #include "core/kafka/consumer.h"
 #include "core/kafka/run_log.h"
+#include "core/kafka/traffic.h"
 #include "core/metrics/metrics.h"
 #include "core/process.h"
 #include "core/model/cpu_runtime.h"
@@ -516,6 +517,11 @@ int Learner::run() {
           record["params_rejected"] = inbox_->rejected();
           record["bytes_received"] = inbox_->bytes_received();
         }
+        const KafkaTraffic kafka = kafka_traffic();
+        record["kafka_sent"] = kafka.sent;
+        record["kafka_received"] = kafka.received;
+        metrics_.set("kafka_bytes_sent", static_cast<double>(kafka.sent));
+        metrics_.set("kafka_bytes_received", static_cast<double>(kafka.received));
         nlohmann::json versions = nlohmann::json::array();
         for (const auto& f : fragments_) versions.push_back(f.version());
         record["versions"] = versions;
@@ -541,6 +547,9 @@ int Learner::run() {
     nlohmann::json record{{"event", "shutdown"}, {"delivered", s.delivered},   {"superseded", s.superseded},
                           {"bytes_sent", s.bytes_delivered}, {"undelivered", lost}};
     if (inbox_) record["bytes_received"] = inbox_->bytes_received();
+    const KafkaTraffic kafka = kafka_traffic();
+    record["kafka_sent"] = kafka.sent;
+    record["kafka_received"] = kafka.received;
     log(record);
   }
   return exit_code;

@@ -19,6 +19,7 @@
 #include "core/fragments/message_budget.h"
 #include "core/kafka/consumer.h"
 #include "core/kafka/producer.h"
+#include "core/kafka/traffic.h"
 #include "core/metrics/metrics.h"
 #include "core/process.h"
 #include "core/model/cpu_runtime.h"
@@ -729,7 +730,11 @@ int MergerProcess::run() {
         metrics_.set("consumer_lag_total", lag);
         // A merge that is due waits for the loop: a long turn (recovery aside) delays every merge.
         metrics_.set("loop_turn_max_seconds", longest_turn);
+        const KafkaTraffic traffic = kafka_traffic();
+        metrics_.set("kafka_bytes_sent", static_cast<double>(traffic.sent));
+        metrics_.set("kafka_bytes_received", static_cast<double>(traffic.received));
         log({{"event", "status"}, {"versions", versions}, {"live_learners", live.size()},
+             {"kafka_sent", traffic.sent}, {"kafka_received", traffic.received},
              {"longest_loop_turn_s", longest_turn},
              {"step_time", grace_.step_time()}, {"sync_time", grace_.sync_time()},
              {"metrics", metrics_.snapshot()}});
@@ -760,7 +765,10 @@ int MergerProcess::run() {
   }
   announce(true);
   plain_->flush(t_.flush_ms);
-  log({{"event", "stop"}, {"exit_code", exit_code}});
+  const KafkaTraffic traffic = kafka_traffic();
+  log({{"event", "stop"}, {"exit_code", exit_code}, {"kafka_sent", traffic.sent}, {"kafka_received", traffic.received},
+       {"params_bytes_published", metrics_.value("params_bytes_published_total", {{"kind", "update"}}) +
+                                      metrics_.value("params_bytes_published_total", {{"kind", "snapshot"}})}});
   return exit_code;
 }
 

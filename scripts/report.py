@@ -168,6 +168,21 @@ class Run:
 # Deriving the numbers
 
 
+def last_value(series):
+    """The total of a cumulative() series, or None when no event recorded the counter."""
+    return series[-1][1] if any(not is_start for _, _, is_start in series) else None
+
+
+def kafka_traffic(processes):
+    """(sent, received, note) over the Kafka sockets of the processes that counted them (runs of older
+    binaries did not), or None when none did; note says how many did when not all of them."""
+    counted = [p for p in processes if p.kafka_sent is not None and p.kafka_received is not None]
+    if not counted:
+        return None
+    note = "" if len(counted) == len(processes) else f" ({len(counted)} of {len(processes)} recorded)"
+    return sum(p.kafka_sent for p in counted), sum(p.kafka_received for p in counted), note
+
+
 def cumulative(records, keys):
     """[(time_us, value, is_start)] of a counter that each process start resets to zero, made
     cumulative across restarts of the same learner (its metrics.jsonl is appended to). keys maps
@@ -242,6 +257,9 @@ class LearnerStats:
         # The downlink: parameter bytes received from mergers (absent in runs of older binaries).
         received = cumulative(recs, {"step": "bytes_received", "shutdown": "bytes_received"})
         self.bytes_received = received[-1][1] if received else None
+        # Every byte of the learner's Kafka sockets, protocol included (absent in older runs).
+        self.kafka_sent = last_value(cumulative(recs, {"step": "kafka_sent", "shutdown": "kafka_sent"}))
+        self.kafka_received = last_value(cumulative(recs, {"step": "kafka_received", "shutdown": "kafka_received"}))
         delivered = cumulative(recs, {"step": "deltas_delivered", "shutdown": "delivered"})
         self.delivered = delivered[-1][1] if delivered else None
         superseded = cumulative(recs, {"step": "deltas_superseded", "shutdown": "superseded"})
@@ -255,6 +273,12 @@ class LearnerStats:
         rss = [number(r, "max_rss_kb") for r in p.events("step")]
         rss = [v for v in rss if v is not None]
         self.max_rss_kb = max(rss) if rss else None
+
+
+class MergerTraffic:
+    def __init__(self, p):
+        self.kafka_sent = last_value(cumulative(p.records, {"status": "kafka_sent", "stop": "kafka_sent"}))
+        self.kafka_received = last_value(cumulative(p.records, {"status": "kafka_received", "stop": "kafka_received"}))
 
 
 class MergeStats:
@@ -681,13 +705,26 @@ def build_page(run, out_dir, learners, merges, evals, total_tokens, notes):
     # and receives its gradient (2 x 4 bytes per parameter).
     parameters = next((s.parameters for s in learners if s.parameters), None)
     all_steps = sum(s.steps for s in learners)
-    if parameters and all_steps and received and None not in received and total_wire + sum(received) > 0:
-        data_parallel = 2 * 4 * parameters * all_steps
-        both = total_wire + sum(received)
+    data_parallel = 2 * 4 * parameters * all_steps if parameters and all_steps else None
+    downlink = sum(received) if received and None not in received else None
+    if data_parallel and downlink is not None and total_wire + downlink > 0:
+        both = total_wire + downlink
         rows.append(("fp32 data parallel at the same steps (2 x 4 B x parameters per learner step)",
                      size(data_parallel)))
         rows.append(("Both directions against fp32 data parallel",
                      f"{size(both)}: {data_parallel / both:,.0f}x fewer bytes"))
+    learner_kafka = kafka_traffic(learners)
+    if learner_kafka:
+        rows.append(("Kafka sockets of the learners (sent / received, protocol and heartbeats included)",
+                     f"{size(learner_kafka[0])} / {size(learner_kafka[1])}{learner_kafka[2]}"))
+        sockets = learner_kafka[0] + learner_kafka[1] + (downlink or 0)
+        if data_parallel and downlink is not None and not learner_kafka[2] and sockets > 0:
+            rows.append(("Learners' sockets, both directions (Kafka and parameters received), against fp32 data parallel",
+                         f"{size(sockets)}: {data_parallel / sockets:,.0f}x fewer bytes"))
+    merger_kafka = kafka_traffic([MergerTraffic(p) for p in run.mergers])
+    if merger_kafka:
+        rows.append(("Kafka sockets of the mergers (sent / received: records, checkpoints, deltas read)",
+                     f"{size(merger_kafka[0])} / {size(merger_kafka[1])}{merger_kafka[2]}"))
     rows.append(("Deltas published", count(n_deltas)))
     rows.append(("Mean bytes per delta", size(total_wire / n_deltas) if n_deltas else "–"))
     if merges.staleness:

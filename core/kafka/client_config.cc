@@ -1,6 +1,7 @@
 #include "core/kafka/client_config.h"
 
 #include "core/errors.h"
+#include "core/kafka/traffic.h"
 
 namespace diloco::kafka_detail {
 
@@ -26,6 +27,7 @@ std::unique_ptr<RdKafka::Conf> base_config(const KafkaOptions& options, ClientKi
   set(*conf, "log.connection.close", "false");
   set(*conf, "socket.connection.setup.timeout.ms", "10000");
   set(*conf, "reconnect.backoff.max.ms", "2000");
+  count_traffic(*conf);
   for (const auto& [key, value] : options.extra) set(*conf, key, value);
   return conf;
 }

@@ -49,17 +49,17 @@ cat >"$run/learner-0/metrics.jsonl" <<EOF
 {"event":"delta","learner":"learner-0","fragment":1,"seq":2,"base_version":0,"inner_steps":10,"tokens":1024,"wire_bytes":1200,"t":3.0,"time_us":$(at 30)}
 {"event":"step","learner":"learner-0","step":20,"loss":3.2,"loss_ema":3.6,"step_time":0.1,"tokens":2048,"tokens_per_s":1100.0,"adopted":1,"bytes_received":9000,"bytes_sent":2200,"deltas_delivered":2,"deltas_superseded":0,"versions":[1,0],"max_rss_kb":210000,"t":3.0,"time_us":$(at 30)}
 {"event":"delta","learner":"learner-0","fragment":0,"seq":3,"base_version":1,"inner_steps":10,"tokens":1024,"wire_bytes":1100,"t":4.0,"time_us":$(at 40)}
-{"event":"step","learner":"learner-0","step":30,"loss":3.0,"loss_ema":3.3,"step_time":0.1,"tokens":3072,"tokens_per_s":1200.0,"adopted":1,"bytes_received":9000,"bytes_sent":2200,"deltas_delivered":2,"deltas_superseded":0,"versions":[1,1],"max_rss_kb":210000,"t":4.0,"time_us":$(at 40)}
+{"event":"step","learner":"learner-0","step":30,"loss":3.0,"loss_ema":3.3,"step_time":0.1,"tokens":3072,"tokens_per_s":1200.0,"adopted":1,"bytes_received":9000,"bytes_sent":2200,"kafka_sent":500,"kafka_received":600,"deltas_delivered":2,"deltas_superseded":0,"versions":[1,1],"max_rss_kb":210000,"t":4.0,"time_us":$(at 40)}
 {"event":"eval","learner":"learner-0","step":30,"eval_loss":3.0,"tokens":3072,"t":4.5,"time_us":$(at 45)}
 {"event":"stop","learner":"learner-0","step":30,"tokens":3072,"reason":"budget","t":5.0,"time_us":$(at 50)}
-{"event":"shutdown","learner":"learner-0","delivered":3,"superseded":0,"undelivered":[],"t":5.1,"time_us":$(at 51)}
+{"event":"shutdown","learner":"learner-0","delivered":3,"superseded":0,"undelivered":[],"kafka_sent":600,"kafka_received":700,"t":5.1,"time_us":$(at 51)}
 EOF
 cat >"$run/learner-1/metrics.jsonl" <<EOF
 {"event":"start","learner":"learner-1","mode":"train","region":"us","config":"configs/fixture.toml + run.id=\"fixture-1\"","parameters":1000,"fragments":2,"fingerprint":1,"t":0.0,"time_us":$(at 5)}
 {"event":"delta","learner":"learner-1","fragment":1,"seq":1,"base_version":0,"inner_steps":10,"tokens":1024,"wire_bytes":2000,"t":2.0,"time_us":$(at 25)}
 {"event":"step","learner":"learner-1","step":10,"loss":3.6,"loss_ema":4.0,"step_time":0.1,"tokens":1024,"tokens_per_s":900.0,"adopted":0,"bytes_received":4000,"bytes_sent":2000,"deltas_delivered":1,"deltas_superseded":0,"versions":[0,0],"max_rss_kb":190000,"t":2.0,"time_us":$(at 25)}
 {"event":"delta","learner":"learner-1","fragment":0,"seq":2,"base_version":1,"inner_steps":10,"tokens":1024,"wire_bytes":2100,"t":3.0,"time_us":$(at 35)}
-{"event":"step","learner":"learner-1","step":20,"loss":3.3,"loss_ema":3.7,"step_time":0.1,"tokens":2048,"tokens_per_s":950.0,"adopted":1,"bytes_received":8000,"bytes_sent":4100,"deltas_delivered":2,"deltas_superseded":0,"versions":[1,1],"max_rss_kb":195000,"t":3.0,"time_us":$(at 35)}
+{"event":"step","learner":"learner-1","step":20,"loss":3.3,"loss_ema":3.7,"step_time":0.1,"tokens":2048,"tokens_per_s":950.0,"adopted":1,"bytes_received":8000,"bytes_sent":4100,"kafka_sent":400,"kafka_received":800,"deltas_delivered":2,"deltas_superseded":0,"versions":[1,1],"max_rss_kb":195000,"t":3.0,"time_us":$(at 35)}
 EOF
 printf '%s' '{"event":"step","learner":"learner-1","step":30,"loss":3.1,"tok' >>"$run/learner-1/metrics.jsonl"
 cat >"$run/merger-0/metrics.jsonl" <<EOF
@@ -71,7 +71,7 @@ cat >"$run/merger-0/metrics.jsonl" <<EOF
 {"event":"merge","merger":"merger-0","fragment":0,"version":2,"checksum":13,"checkpoint":false,"sync_seconds":0.05,"inputs":[{"learner":"learner-1","base":1,"seq":2,"staleness":1,"tokens":1024,"weight":0.5}],"dropped":[{"learner":"learner-1","seq":9,"reason":"superseded"}],"t":3.7,"time_us":$(at 37)}
 {"event":"merge","merger":"merger-0","fragment":0,"version":3,"checksum":14,"checkpoint":false,"sync_seconds":0.05,"inputs":[{"learner":"learner-0","base":1,"seq":3,"staleness":2,"tokens":1024,"weight":0.3}],"dropped":[{"learner":"learner-1","seq":10,"reason":"too_stale"},{"learner":"learner-0","seq":11,"reason":"too_stale"}],"t":4.2,"time_us":$(at 42)}
 {"event":"stop_record","merger":"merger-0","fragment":1,"version":1,"held":1,"t":6.0,"time_us":$(at 60)}
-{"event":"stop","merger":"merger-0","exit_code":0,"t":6.0,"time_us":$(at 60)}
+{"event":"stop","merger":"merger-0","exit_code":0,"kafka_sent":3000,"kafka_received":9000,"t":6.0,"time_us":$(at 60)}
 EOF
 cat >"$run/merger-1/metrics.jsonl" <<EOF
 {"event":"start","merger":"merger-1","endpoint":"tcp://127.0.0.1:2","partitions":2,"fragments":2,"fingerprint":1,"t":0.1,"time_us":$(at 1)}
@@ -112,6 +112,9 @@ for text in "| Final global held-out loss | 2.9375 (at 7.0 s, 5,120 tokens, vers
             "| Bytes received from mergers (parameters, all learners) | 17,000 B (16.6 KiB) |" \
             "| fp32 data parallel at the same steps (2 x 4 B x parameters per learner step) | 400,000 B (390.6 KiB) |" \
             "| Both directions against fp32 data parallel | 24,400 B (23.8 KiB): 16x fewer bytes |" \
+            "| Kafka sockets of the learners (sent / received, protocol and heartbeats included) | 1,000 B / 1,500 B (1.5 KiB) |" \
+            "| Learners' sockets, both directions (Kafka and parameters received), against fp32 data parallel | 19,500 B (19.0 KiB): 21x fewer bytes |" \
+            "| Kafka sockets of the mergers (sent / received: records, checkpoints, deltas read) | 3,000 B (2.9 KiB) / 9,000 B (8.8 KiB) (1 of 2 recorded) |" \
             "| Mean staleness of merged deltas | 0.60 (max 2) |" \
             "| Versions per fragment | 0: 3, 1: 1 |" \
             "# Run fixture-1" \

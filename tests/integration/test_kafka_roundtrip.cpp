@@ -13,6 +13,7 @@
 #include "core/kafka/consumer.h"
 #include "core/kafka/delta_headers.h"
 #include "core/kafka/producer.h"
+#include "core/kafka/traffic.h"
 #include "tests/integration/broker_fixture.h"
 #include "tests/integration/child_process.h"
 
@@ -269,4 +270,46 @@ TEST_CASE("message size limit: 48 MiB passes end to end, above the limit is refu
   read_to_end(kafka, {topics.deltas("r0")}, [&](const ConsumedMessage& m) { got.push_back(m); }, 60000);
   REQUIRE(got.size() == 1);
   CHECK(got[0].value == big);
+}
+
+TEST_CASE("kafka_traffic counts the bytes of every client's broker sockets, both ways", "[kafka][traffic]") {
+  KafkaOptions kafka = testing::require_broker();
+  std::string run = testing::unique_run_id("traffic");
+  RunTopics topics = testing::create_run(kafka, run, {"r0"}, 1);
+  constexpr size_t kBytes = 4u << 20;
+  std::vector<uint8_t> value(kBytes);
+  std::mt19937 rng(5);
+  for (auto& b : value) b = static_cast<uint8_t>(rng());  // incompressible
+
+  const KafkaTraffic before = kafka_traffic();
+  Producer producer({.kafka = kafka}, nullptr);
+  producer.produce({.topic = topics.deltas("r0"), .partition = 0, .key = "0", .value = value}, 1, 10000);
+  REQUIRE(producer.flush(30000) == 0);
+  // Statistics arrive once a second, from the client's poll.
+  CHECK(testing::eventually(
+      [&] {
+        producer.poll(100);
+        return kafka_traffic().sent - before.sent >= kBytes;
+      },
+      10s));
+
+  const KafkaTraffic produced = kafka_traffic();
+  Consumer consumer(ConsumerOptions{.kafka = kafka});
+  consumer.assign({{topics.deltas("r0"), 0, -2 /* beginning */}});
+  bool got = false;
+  CHECK(testing::eventually(
+      [&] {
+        if (auto m = consumer.poll(100)) got |= m->value.size() == kBytes;
+        return got && kafka_traffic().received - produced.received >= kBytes;
+      },
+      20s));
+  CHECK(got);
+  // Requests are small: what the consumer sent is far below what it fetched.
+  for (const auto& [name, t] : kafka_traffic_by_client()) UNSCOPED_INFO(name << ": sent " << t.sent << ", received " << t.received);
+  CHECK(kafka_traffic().sent - produced.sent < kBytes / 16);
+
+  // A statistics document is read for its client name and top-level counters only.
+  CHECK(kafka_detail::record_statistics(R"({"name": "test#x-1", "tx_bytes": 10, "rx_bytes":20, "brokers":{}})"));
+  CHECK(kafka_traffic_by_client().at("test#x-1").received == 20);
+  CHECK_FALSE(kafka_detail::record_statistics(R"({"name":"test#x-2","tx":1})"));
 }
