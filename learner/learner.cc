@@ -88,6 +88,7 @@ class Learner {
   std::optional<CutSchedule> schedule_;     // Train mode: when each fragment is next due
   std::unique_ptr<DeltaPublisher> publisher_;
   std::unique_ptr<ParamInbox> inbox_;
+  std::vector<FragmentParams> held_at_start_;  // what load_global_state read, for the inbox
   Clock::time_point start_ = Clock::now();
   Clock::time_point last_heartbeat_{};
   double step_time_ema_ = 0;
@@ -126,8 +127,12 @@ void Learner::load_global_state() {
                                                << " fragment(s): start a merger\n";
                                      return true;
                                    });
+  held_at_start_.clear();
   for (auto& [p, state] : scan.latest) {
     if (p >= n) continue;
+    held_at_start_.push_back(FragmentParams{.run_id = state.run_id, .fingerprint = state.fingerprint, .fragment = p,
+                                            .version = state.version, .checksum = state.checksum,
+                                            .tensors = state.params});
     load_fragment(setup_.model, setup_.layout, p, state.params);
     fragments_[p] = FragmentTrack(std::move(state.params), state.version, state.checksum);
   }
@@ -419,7 +424,8 @@ int Learner::run() {
     publisher_ = std::make_unique<DeltaPublisher>(
         DeltaPublisherOptions{.producer = producer, .topics = topics, .partitions = partitions}, metrics_);
     inbox_ = std::make_unique<ParamInbox>(
-        ParamInboxOptions{.kafka = o_.kafka, .topics = topics, .limits = limits(), .endpoints = o_.merger_endpoints},
+        ParamInboxOptions{.kafka = o_.kafka, .topics = topics, .limits = limits(), .endpoints = o_.merger_endpoints,
+                          .held = std::move(held_at_start_)},
         metrics_);
   } else {
     load_global_state();

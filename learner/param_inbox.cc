@@ -77,10 +77,15 @@ void ParamInbox::run() {
   // Versions the mergers announce in their heartbeats against the newest version received, per
   // fragment: a gap that lasts is asked for again.
   using Clock = std::chrono::steady_clock;
-  std::map<uint32_t, uint64_t> announced, have;
+  std::map<uint32_t, uint64_t> announced;
   std::map<uint32_t, Clock::time_point> behind_since, asked_at;
   // The newest version of each fragment held in full: what the next update applies to.
   std::map<uint32_t, FragmentParams> held;
+  for (auto& params : options_.held) {
+    const uint32_t p = params.fragment;
+    held[p] = std::move(params);
+  }
+  options_.held.clear();
   // Fragments a snapshot is wanted of: asked for at most once per request_interval_s, and again
   // until a usable version arrives.
   std::set<uint32_t> wanted;
@@ -104,7 +109,8 @@ void ParamInbox::run() {
       it = announced_checksum.erase(it);  // checked once per announcement
     }
     for (const auto& [p, version] : announced) {
-      if (have[p] >= version) {
+      const auto h = held.find(p);
+      if (h != held.end() && h->second.version >= version) {
         behind_since.erase(p);
         continue;
       }
@@ -201,8 +207,6 @@ void ParamInbox::run() {
       metrics_.add("params_received_total", 1, {{"kind", update ? "update" : "snapshot"}});
       held[p] = params;
       wanted.erase(p);
-      auto& newest = have[p];
-      newest = std::max(newest, params.version);
       std::lock_guard lock(mutex_);
       auto& slot = latest_[p];
       if (params.version >= slot.version) slot = std::move(params);

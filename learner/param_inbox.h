@@ -6,8 +6,10 @@
 // reason and never reach the model. The training thread calls take() at a step boundary and gets
 // the newest version of each fragment that arrived since its last call. RoundOpen notices (a
 // merger's quorum for a fragment is in) are decoded the same strict way and kept, newest per
-// fragment, until take_round_opens(). Subscribing asks every merger for its current versions; a
-// version announced in `members` that does not arrive is asked for again (core/zmq/params_channel.h).
+// fragment, until take_round_opens(). Updates (a version as the change from the previous one) are
+// applied to the held version and checked against their checksum. A snapshot of a fragment is
+// asked for (core/zmq/params_channel.h) when a merger announces in `members` a version newer than
+// the one held, or one held with another checksum, and when an update does not apply.
 #pragma once
 
 #include <atomic>
@@ -36,6 +38,10 @@ struct ParamInboxOptions {
   // connected) is asked for again, at most once per request_interval_s.
   double request_delay_s = 0.5;
   double request_interval_s = 1.0;
+  // The versions the learner starts from (read from the `state` topic, so bit for bit the
+  // mergers'): updates on them apply at once, and no snapshot is asked for while the mergers
+  // announce nothing newer.
+  std::vector<FragmentParams> held;
 };
 
 class ParamInbox {

@@ -104,7 +104,9 @@ class MergerProcess : public RebalanceListener {
   void write_genesis(const std::vector<uint32_t>& fragments);
   std::vector<TopicPartitionOffset> offsets_to_commit() const;
   std::vector<TopicPartitionOffset> offsets_holding(const std::vector<LogPosition>& held) const;
-  void publish(uint32_t p);  // a snapshot of the current version
+  void publish(uint32_t p);  // a snapshot of the current version, to every subscriber
+  void publish_snapshot_to(const std::string& subscriber, uint32_t p);
+  const std::vector<uint8_t>& snapshot_message(uint32_t p);
   void publish_update(uint32_t p);
   void serve_requests();
   void announce_round(uint32_t p);
@@ -137,8 +139,10 @@ class MergerProcess : public RebalanceListener {
   Membership membership_;
   zmq::context_t zmq_{1};
   std::unique_ptr<ParamsPublisher> publisher_;
-  std::set<uint32_t> requested_;                     // fragments subscribers asked for, not yet served
-  std::map<uint32_t, Clock::time_point> served_at_;  // the last answer to a request, per fragment
+  // (subscriber, fragment) snapshots asked for and not yet sent, and when each was last sent.
+  static constexpr size_t kMaxPendingSnapshots = 1 << 16;
+  std::set<std::pair<std::string, uint32_t>> requested_;
+  std::map<std::pair<std::string, uint32_t>, Clock::time_point> served_at_;
   std::unique_ptr<Consumer> consumer_;
   std::unique_ptr<LogWriter> writer_;
   std::unique_ptr<Producer> plain_;
@@ -229,10 +233,9 @@ void MergerProcess::recover(const std::set<int32_t>& partitions) {
     }
   }
   write_genesis(genesis);
-  for (auto& [p, f] : owned_) {
-    f.params_message.clear();
-    publish(p);
-  }
+  // Nothing is broadcast: learners hold what the logs hold (they start from the `state` topic) and
+  // ask for a snapshot when this merger's heartbeat, sent next, names a version they lack.
+  for (auto& [p, f] : owned_) f.params_message.clear();
   double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   metrics_.observe("recovery_seconds", seconds, {0.1, 0.5, 1, 2, 5, 10, 30});
   std::cerr << "merger " << o_.instance_id << ": owns fragments";
@@ -485,7 +488,7 @@ void MergerProcess::abandon_merge(uint32_t p, MergePlan& plan, const std::string
        {"dropped", record.dropped.size()}});
 }
 
-void MergerProcess::publish(uint32_t p) {
+const std::vector<uint8_t>& MergerProcess::snapshot_message(uint32_t p) {
   auto& f = owned_.at(p);
   if (f.params_message.empty()) {
     FragmentParams params{.run_id = o_.config.run.id, .fingerprint = setup_.layout.fingerprint, .fragment = p,
@@ -493,8 +496,19 @@ void MergerProcess::publish(uint32_t p) {
                           .merger_instance = o_.instance_id, .epoch = epoch_, .tensors = f.state.params};
     f.params_message = encode_fragment_params(params);
   }
-  publisher_->publish(p, f.params_message);
-  metrics_.add("params_bytes_published_total", static_cast<double>(f.params_message.size()), {{"kind", "snapshot"}});
+  return f.params_message;
+}
+
+void MergerProcess::publish(uint32_t p) {
+  const auto& message = snapshot_message(p);
+  publisher_->publish(p, message);
+  metrics_.add("params_bytes_published_total", static_cast<double>(message.size()), {{"kind", "snapshot"}});
+}
+
+void MergerProcess::publish_snapshot_to(const std::string& subscriber, uint32_t p) {
+  const auto& message = snapshot_message(p);
+  publisher_->publish_to(subscriber, p, message);
+  metrics_.add("params_bytes_published_total", static_cast<double>(message.size()), {{"kind", "snapshot_to_one"}});
 }
 
 // The change a merge made, for subscribers holding the previous version (the others ask for a
@@ -514,32 +528,44 @@ void MergerProcess::publish_update(uint32_t p) {
   metrics_.add("params_bytes_published_total", static_cast<double>(message.size()), {{"kind", "update"}});
 }
 
-// Subscribers that connected or missed a version asked for fragments: publish the current version
-// of each owned one, at most once per snapshot interval (requests in between are coalesced).
+// Subscribers that missed a version asked for fragments: send each a snapshot of the fragments it
+// wants, to it alone, at most once per snapshot interval per subscriber and fragment (requests in
+// between are coalesced). A subscriber that connects gets nothing unasked: it holds the versions
+// it read from the `state` topic and asks for what the heartbeats show it lacks.
 void MergerProcess::serve_requests() {
   auto r = publisher_->take_requests();
   if (r.count) metrics_.add("snapshot_requests_total", static_cast<double>(r.count));
-  if (r.all)
-    for (const auto& [p, f] : owned_) requested_.insert(p);
-  for (uint32_t p : r.fragments)
-    if (owned_.count(p)) requested_.insert(p);
+  auto want = [&](const std::string& id, uint32_t p) {
+    // Bounded: a flood of made-up subscriber ids cannot grow the merger without limit.
+    if (requested_.size() >= kMaxPendingSnapshots) {
+      metrics_.add("snapshot_requests_dropped_total", 1);
+      return;
+    }
+    if (owned_.count(p)) requested_.insert({id, p});
+  };
+  if (!r.joined.empty()) metrics_.add("subscribers_joined_total", static_cast<double>(r.joined.size()));
+  for (const auto& [id, fragments] : r.fragments)
+    for (uint32_t p : fragments) want(id, p);
   const auto t = Clock::now();
+  const auto interval = std::chrono::milliseconds(t_.snapshot_interval_ms);
   for (auto it = requested_.begin(); it != requested_.end();) {
-    const uint32_t p = *it;
+    const auto& [id, p] = *it;
     if (!owned_.count(p)) {
       it = requested_.erase(it);
       continue;
     }
-    auto served = served_at_.find(p);
-    if (served != served_at_.end() && t - served->second < std::chrono::milliseconds(t_.snapshot_interval_ms)) {
+    auto served = served_at_.find(*it);
+    if (served != served_at_.end() && t - served->second < interval) {
       ++it;
       continue;
     }
-    publish(p);
-    served_at_[p] = t;
+    publish_snapshot_to(id, p);
+    served_at_[*it] = t;
     metrics_.add("snapshots_published_total", 1);
     it = requested_.erase(it);
   }
+  if (served_at_.size() > kMaxPendingSnapshots)
+    std::erase_if(served_at_, [&](const auto& entry) { return t - entry.second >= interval; });
 }
 
 // The quorum of fragment p is in: tell the learners while the grace window is open, so that those
@@ -768,7 +794,8 @@ int MergerProcess::run() {
   const KafkaTraffic traffic = kafka_traffic();
   log({{"event", "stop"}, {"exit_code", exit_code}, {"kafka_sent", traffic.sent}, {"kafka_received", traffic.received},
        {"params_bytes_published", metrics_.value("params_bytes_published_total", {{"kind", "update"}}) +
-                                      metrics_.value("params_bytes_published_total", {{"kind", "snapshot"}})}});
+                                      metrics_.value("params_bytes_published_total", {{"kind", "snapshot"}}) +
+                                      metrics_.value("params_bytes_published_total", {{"kind", "snapshot_to_one"}})}});
   return exit_code;
 }
 

@@ -2,7 +2,10 @@
 
 #include <zmq_addon.hpp>
 
+#include <cctype>
 #include <charconv>
+#include <cstdio>
+#include <random>
 #include <string>
 #include <string_view>
 
@@ -25,7 +28,9 @@ ParamsPublisher::ParamsPublisher(zmq::context_t& context, const std::string& bin
 }
 
 namespace {
+constexpr std::string_view kVersionPrefix = "v.";
 constexpr std::string_view kRoundOpenPrefix = "open.";
+constexpr std::string_view kSnapshotPrefix = "s.";
 constexpr std::string_view kRequestPrefix = "want.";
 
 std::optional<uint32_t> parse_fragment(std::string_view text) {
@@ -34,10 +39,29 @@ std::optional<uint32_t> parse_fragment(std::string_view text) {
   if (text.empty() || ec != std::errc() || end != text.data() + text.size()) return std::nullopt;
   return value;
 }
+
+bool valid_id(std::string_view id) {
+  if (id.empty() || id.size() > 64) return false;
+  for (char c : id)
+    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_')) return false;
+  return true;
+}
+
+std::string random_id() {
+  std::random_device rd;
+  const uint64_t value = (static_cast<uint64_t>(rd()) << 32) ^ rd();
+  char text[17];
+  std::snprintf(text, sizeof text, "%016llx", static_cast<unsigned long long>(value));
+  return text;
+}
 }  // namespace
 
 void ParamsPublisher::publish(uint32_t fragment, std::span<const uint8_t> message) {
-  send(std::to_string(fragment), message);
+  send(std::string(kVersionPrefix) + std::to_string(fragment), message);
+}
+
+void ParamsPublisher::publish_to(const std::string& subscriber, uint32_t fragment, std::span<const uint8_t> message) {
+  send(std::string(kSnapshotPrefix) + subscriber + "." + std::to_string(fragment), message);
 }
 
 void ParamsPublisher::publish_round_open(uint32_t fragment, std::span<const uint8_t> message) {
@@ -59,20 +83,30 @@ ParamsPublisher::Requests ParamsPublisher::take_requests() {
     std::string_view m(message.data<char>(), message.size());
     if (m.empty() || m[0] != 1) continue;
     m.remove_prefix(1);
-    if (m.empty()) {
-      out.all = true;
-    } else if (m.starts_with(kRequestPrefix)) {
-      if (auto p = parse_fragment(m.substr(kRequestPrefix.size()))) out.fragments.insert(*p);
+    if (m.starts_with(kSnapshotPrefix) && m.ends_with(".")) {  // "s.ID.": a hello
+      const auto id = m.substr(kSnapshotPrefix.size(), m.size() - kSnapshotPrefix.size() - 1);
+      if (valid_id(id)) out.joined.insert(std::string(id));
+    } else if (m.starts_with(kRequestPrefix)) {  // "want.P.ID"
+      m.remove_prefix(kRequestPrefix.size());
+      const auto dot = m.find('.');
+      if (dot == std::string_view::npos) continue;
+      const auto fragment = parse_fragment(m.substr(0, dot));
+      const auto id = m.substr(dot + 1);
+      if (fragment && valid_id(id)) out.fragments[std::string(id)].insert(*fragment);
     }
   }
   return out;
 }
 
-ParamsSubscriber::ParamsSubscriber(zmq::context_t& context, int receive_high_water_mark)
-    : socket_(context, zmq::socket_type::sub) {
+ParamsSubscriber::ParamsSubscriber(zmq::context_t& context, int receive_high_water_mark, std::string id)
+    : socket_(context, zmq::socket_type::sub), id_(id.empty() ? random_id() : std::move(id)) {
+  if (!valid_id(id_))
+    throw InvalidInput("subscriber id '" + id_ + "': use 1-64 letters, digits, '-' or '_'");
   socket_.set(zmq::sockopt::rcvhwm, receive_high_water_mark);
   socket_.set(zmq::sockopt::linger, 0);
-  socket_.set(zmq::sockopt::subscribe, "");
+  socket_.set(zmq::sockopt::subscribe, kVersionPrefix);
+  socket_.set(zmq::sockopt::subscribe, kRoundOpenPrefix);
+  socket_.set(zmq::sockopt::subscribe, std::string(kSnapshotPrefix) + id_ + ".");
   // Reconnect with exponential back-off up to 5 s when a merger goes away.
   socket_.set(zmq::sockopt::reconnect_ivl, 100);
   socket_.set(zmq::sockopt::reconnect_ivl_max, 5000);
@@ -89,7 +123,7 @@ void ParamsSubscriber::connect(const std::string& endpoint) {
 }
 
 void ParamsSubscriber::request(uint32_t fragment) {
-  const std::string topic = std::string(kRequestPrefix) + std::to_string(fragment);
+  const std::string topic = std::string(kRequestPrefix) + std::to_string(fragment) + "." + id_;
   // Subscribing sends the request upstream; removing the subscription right after keeps the
   // filter list short (nothing is ever published on that topic).
   socket_.set(zmq::sockopt::subscribe, topic);
@@ -117,6 +151,15 @@ std::optional<ParamsSubscriber::Received> ParamsSubscriber::receive(std::chrono:
   if (topic.starts_with(kRoundOpenPrefix)) {
     out.round_open = true;
     topic.remove_prefix(kRoundOpenPrefix.size());
+  } else if (topic.starts_with(kVersionPrefix)) {
+    topic.remove_prefix(kVersionPrefix.size());
+  } else if (topic.starts_with(kSnapshotPrefix)) {
+    topic.remove_prefix(kSnapshotPrefix.size());
+    if (!topic.starts_with(id_) || topic.size() <= id_.size() || topic[id_.size()] != '.') return std::nullopt;
+    topic.remove_prefix(id_.size() + 1);
+    out.snapshot_for_me = true;
+  } else {
+    return std::nullopt;
   }
   auto fragment = parse_fragment(topic);
   if (!fragment) return std::nullopt;

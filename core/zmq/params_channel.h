@@ -1,20 +1,24 @@
 // The ZeroMQ leg of the loop: mergers publish FragmentParams on an XPUB socket, learners SUBscribe
-// to every merger. Each message is two frames: a topic and the encoded message. The topic is the
-// fragment id as decimal text for FragmentParams ("3"), and "open." before it for a RoundOpen
-// notice ("open.3"). PUB/SUB drops messages for slow or absent subscribers; every version is also
-// durable in Kafka (`state`), and a subscriber gets the current versions on request:
-// - a subscriber that connects (or reconnects to a restarted merger) subscribes to everything, and
-//   the publisher sees that subscription: the merger then publishes every fragment it owns;
-// - a subscriber that missed a version (it learns the versions from the mergers' heartbeats in
-//   `members`) asks for one fragment with request(p): a subscription to "want.p", a topic nobody
-//   publishes on, which the publisher sees.
-// This is the last-value-cache variant of the zguide's snapshot patterns: no second socket or
-// port, and reconnects ask by themselves. The price: the answer goes to every subscriber.
+// to every merger. Each message is two frames: a topic and the encoded message. Topics:
+// - "v.P": a new version of fragment P, for every subscriber (an update from the previous version,
+//   or a snapshot from the optional periodic republish);
+// - "open.P": a RoundOpen notice of fragment P (a merger's quorum is in);
+// - "s.ID.P": a snapshot of fragment P for the subscriber ID alone (the publisher filters by
+//   subscription, so no other subscriber's link carries it).
+// A subscriber subscribes to "v.", "open." and "s.ID."; the publisher sees the last one as the
+// subscriber's hello when it connects or reconnects. A subscriber that lacks a version (it learns
+// the versions from the mergers' heartbeats in `members`, or gets an update it cannot apply) asks
+// for a snapshot with request(P): a subscription to "want.P.ID", a topic nobody publishes on, which
+// the publisher sees. PUB/SUB drops messages for slow or absent subscribers; every version is
+// also durable in Kafka (`state`).
+// This is the zguide's Clone pattern on one socket: snapshots on request, then updates, with no
+// second socket or port to announce.
 //
 // Threading: a socket belongs to the thread that uses it.
 #pragma once
 
 #include <chrono>
+#include <map>
 #include <cstdint>
 #include <optional>
 #include <set>
@@ -34,14 +38,16 @@ class ParamsPublisher {
   const std::string& bound_endpoint() const { return bound_; }
   // Never blocks: a subscriber whose queue is full misses this message.
   void publish(uint32_t fragment, std::span<const uint8_t> message);
+  // A snapshot for one subscriber (its id, as in Requests).
+  void publish_to(const std::string& subscriber, uint32_t fragment, std::span<const uint8_t> message);
   // A RoundOpen notice of the fragment (same rules).
   void publish_round_open(uint32_t fragment, std::span<const uint8_t> message);
 
   // What subscribers asked for since the last call; never blocks. Call it often: subscriptions
   // queue up in the socket until read.
   struct Requests {
-    bool all = false;              // a subscriber (re)connected: it wants every fragment
-    std::set<uint32_t> fragments;  // fragments named by request()
+    std::set<std::string> joined;  // subscribers that (re)connected: each wants every fragment
+    std::map<std::string, std::set<uint32_t>> fragments;  // subscriber -> fragments it asked for
     uint64_t count = 0;            // subscription messages read (malformed ones too)
   };
   Requests take_requests();
@@ -55,7 +61,10 @@ class ParamsPublisher {
 
 class ParamsSubscriber {
  public:
-  explicit ParamsSubscriber(zmq::context_t& context, int receive_high_water_mark = 256);
+  // `id` names this subscriber in its snapshot topic: letters, digits, '-' and '_' (InvalidInput
+  // otherwise); empty: a random one.
+  explicit ParamsSubscriber(zmq::context_t& context, int receive_high_water_mark = 256, std::string id = {});
+  const std::string& id() const { return id_; }
   // Connects once per endpoint; repeated calls with a known endpoint do nothing.
   void connect(const std::string& endpoint);
   void disconnect(const std::string& endpoint);
@@ -64,11 +73,12 @@ class ParamsSubscriber {
   struct Received {
     uint32_t fragment = 0;
     bool round_open = false;  // a RoundOpen notice, not FragmentParams
+    bool snapshot_for_me = false;  // sent to this subscriber alone ("s.ID.P")
     std::vector<uint8_t> message;
   };
   // One message, or nothing within timeout. Malformed framing is skipped (returns nothing).
   std::optional<Received> receive(std::chrono::milliseconds timeout);
-  // Asks every connected publisher to publish the current version of `fragment` again.
+  // Asks every connected publisher for a snapshot of `fragment`.
   void request(uint32_t fragment);
   // Payload bytes of every frame received so far (topic and message frames, malformed ones too):
   // what this subscriber's downlink carried, without ZMTP and TCP/IP headers.
@@ -76,6 +86,7 @@ class ParamsSubscriber {
 
  private:
   zmq::socket_t socket_;
+  std::string id_;
   std::set<std::string> endpoints_;
   uint64_t bytes_received_ = 0;
 };

@@ -92,7 +92,7 @@ TEST_CASE("the inbox applies updates bit for bit and asks for a snapshot when it
                     .request_delay_s = 0.3, .request_interval_s = 0.5},
                    metrics);
   // The inbox's subscription (it found the endpoint in `members`) is the connect.
-  REQUIRE(testing::eventually([&] { return publisher.take_requests().all; }, 30s));
+  REQUIRE(testing::eventually([&] { return !publisher.take_requests().joined.empty(); }, 30s));
 
   std::mt19937 rng(7);
   FragmentParams v1{.run_id = run, .fingerprint = kLayout.fingerprint, .fragment = 0, .version = 1,
@@ -110,7 +110,13 @@ TEST_CASE("the inbox applies updates bit for bit and asks for a snapshot when it
     return got;
   };
   auto requested = [&](std::chrono::seconds within) {
-    return testing::eventually([&] { return publisher.take_requests().fragments.count(0) > 0; }, within);
+    return testing::eventually(
+        [&] {
+          for (const auto& [id, fragments] : publisher.take_requests().fragments)
+            if (fragments.count(0)) return true;
+          return false;
+        },
+        within);
   };
 
   // A snapshot, then an update on it: the reconstruction has the merger's bits.
@@ -171,4 +177,51 @@ TEST_CASE("the inbox applies updates bit for bit and asks for a snapshot when it
   publisher.take_requests();
   announce(9);
   CHECK(requested(10s));
+}
+
+TEST_CASE("an inbox that starts from the versions the learner read asks for nothing and applies the next update",
+          "[learner][inbox]") {
+  KafkaOptions kafka = testing::require_broker();
+  const std::string run = testing::unique_run_id("inbox-held");
+  RunTopics topics = testing::create_run(kafka, run, {"r0"}, 1);
+  zmq::context_t context;
+  ParamsPublisher publisher(context, "tcp://127.0.0.1:*");
+
+  std::mt19937 rng(11);
+  FragmentParams v3{.run_id = run, .fingerprint = kLayout.fingerprint, .fragment = 0, .version = 3,
+                    .merger_instance = "test-merger", .epoch = 1, .tensors = random_tensors(rng, 1.0f)};
+  v3.checksum = checksum_fp32(v3.tensors);
+  Member m{.run_id = run, .instance_id = "test-merger", .role = Role::Merger, .endpoint = publisher.bound_endpoint(),
+           .owned_fragments = {0}, .fragment_versions = {3}, .fragment_checksums = {v3.checksum}};
+  Producer producer({.kafka = kafka}, nullptr);
+  producer.produce({.topic = topics.members(), .partition = 0, .key = "test-merger", .value = encode_member(m)}, 0,
+                   10000);
+  REQUIRE(producer.flush(20000) == 0);
+
+  Metrics metrics("test_");
+  ParamInbox inbox({.kafka = kafka, .topics = topics,
+                    .limits = {.run_id = run, .fingerprint = kLayout.fingerprint, .layout = &kLayout},
+                    .request_delay_s = 0.2, .request_interval_s = 0.5, .held = {v3}},
+                   metrics);
+  REQUIRE(testing::eventually([&] { return !publisher.take_requests().joined.empty(); }, 30s));
+  // The heartbeat names the held version: nothing to ask for.
+  std::this_thread::sleep_for(1500ms);
+  const auto requests = publisher.take_requests();
+  CHECK(requests.fragments.empty());
+  CHECK(metrics.value("params_requested_total") == 0);
+
+  // The next version arrives as an update on the held one and is taken without a snapshot.
+  const Version v4 = next_version(v3, rng);
+  std::optional<FragmentParams> got;
+  testing::eventually(
+      [&] {
+        publisher.publish(0, update_message(v4));
+        for (auto& p : inbox.take({3})) got = std::move(p);
+        return got.has_value();
+      },
+      10s);
+  REQUIRE(got);
+  CHECK(got->version == 4);
+  CHECK(checksum_fp32(got->tensors) == v4.full.checksum);
+  CHECK(metrics.value("params_requested_total") == 0);
 }

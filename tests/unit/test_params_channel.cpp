@@ -61,8 +61,8 @@ TEST_CASE("a subscriber counts the payload bytes of every message it received", 
   CHECK(sub.bytes_received() == 0);
   const std::vector<uint8_t> message(1000, 7), notice{1, 2};
   REQUIRE(publish_until_received(pub, sub, 12, message));
-  // FragmentParams: the topic "12" and 1000 bytes; a RoundOpen notice: "open.3" and 2 bytes.
-  uint64_t expected = 2 + 1000;
+  // FragmentParams: the topic "v.12" and 1000 bytes; a RoundOpen notice: "open.3" and 2 bytes.
+  uint64_t expected = 4 + 1000;
   int notices = 0;
   for (int i = 0; i < 5; ++i) {
     pub.publish(12, message);
@@ -70,7 +70,7 @@ TEST_CASE("a subscriber counts the payload bytes of every message it received", 
   }
   for (int i = 0; i < 50; ++i) {
     if (auto r = sub.receive(20ms)) {
-      expected += r->round_open ? 6 + 2 : 2 + 1000;
+      expected += r->round_open ? 6 + 2 : 4 + 1000;
       notices += r->round_open;
     }
   }
@@ -85,8 +85,8 @@ ParamsPublisher::Requests requests_within(ParamsPublisher& pub, const std::funct
   ParamsPublisher::Requests all;
   for (int i = 0; i < 100 && !done(all); ++i) {
     auto r = pub.take_requests();
-    all.all = all.all || r.all;
-    all.fragments.insert(r.fragments.begin(), r.fragments.end());
+    all.joined.insert(r.joined.begin(), r.joined.end());
+    for (const auto& [id, fragments] : r.fragments) all.fragments[id].insert(fragments.begin(), fragments.end());
     all.count += r.count;
     std::this_thread::sleep_for(20ms);
   }
@@ -95,36 +95,63 @@ ParamsPublisher::Requests requests_within(ParamsPublisher& pub, const std::funct
 
 }  // namespace
 
-TEST_CASE("a publisher sees a subscriber connect and a subscriber ask for one fragment", "[zmq]") {
+TEST_CASE("a publisher sees a subscriber connect and ask for one fragment, and answers it alone", "[zmq]") {
   zmq::context_t context;
   ParamsPublisher pub(context, "tcp://127.0.0.1:*");
   CHECK(pub.take_requests().count == 0);
-  ParamsSubscriber sub(context);
+  ParamsSubscriber sub(context, 256, "learner-a");
+  ParamsSubscriber other(context);
+  CHECK(other.id().size() == 16);  // a random id
+  CHECK(other.id() != ParamsSubscriber(context).id());
+  CHECK_THROWS_AS(ParamsSubscriber(context, 256, "a.b"), InvalidInput);
   sub.connect(pub.bound_endpoint());
-  auto joined = requests_within(pub, [](const auto& r) { return r.all; });
-  CHECK(joined.all);
+  other.connect(pub.bound_endpoint());
+  auto joined = requests_within(pub, [](const auto& r) { return r.joined.size() == 2; });
+  CHECK(joined.joined == std::set<std::string>{"learner-a", other.id()});
   CHECK(joined.fragments.empty());
 
   sub.request(3);
   sub.request(11);
-  auto asked = requests_within(pub, [](const auto& r) { return r.fragments.size() == 2; });
-  CHECK_FALSE(asked.all);
-  CHECK(asked.fragments == std::set<uint32_t>{3, 11});
+  auto asked = requests_within(pub, [](const auto& r) { return r.fragments.count("learner-a") && r.fragments.at("learner-a").size() == 2; });
+  CHECK(asked.joined.empty());
+  CHECK(asked.fragments.size() == 1);
+  CHECK(asked.fragments["learner-a"] == std::set<uint32_t>{3, 11});
 
   // Asking again is seen again (a request is not a subscription that is already there).
   sub.request(3);
-  CHECK(requests_within(pub, [](const auto& r) { return r.fragments.count(3) > 0; }).fragments.count(3));
+  CHECK(requests_within(pub, [](const auto& r) { return r.fragments.count("learner-a") > 0; }).fragments.count("learner-a"));
+
+  // The answer reaches the subscriber that asked, and only it; a version reaches both.
+  std::optional<ParamsSubscriber::Received> got;
+  for (int i = 0; i < 100 && !got; ++i) {
+    pub.publish_to("learner-a", 3, std::vector<uint8_t>{4, 2});
+    got = sub.receive(20ms);
+  }
+  REQUIRE(got);
+  CHECK(got->fragment == 3);
+  CHECK(got->snapshot_for_me);
+  CHECK(got->message == std::vector<uint8_t>{4, 2});
+  std::optional<ParamsSubscriber::Received> broadcast;
+  for (int i = 0; i < 100 && !broadcast; ++i) {
+    pub.publish(5, std::vector<uint8_t>{1});
+    broadcast = other.receive(20ms);
+  }
+  REQUIRE(broadcast);
+  CHECK(broadcast->fragment == 5);  // the snapshots for learner-a were filtered out at the publisher
+  CHECK_FALSE(broadcast->snapshot_for_me);
 
   // Subscriptions that are not requests are read and ignored.
   zmq::socket_t raw(context, zmq::socket_type::sub);
   raw.connect(pub.bound_endpoint());
   raw.set(zmq::sockopt::subscribe, "want.x");
-  raw.set(zmq::sockopt::subscribe, "want.");
+  raw.set(zmq::sockopt::subscribe, "want.3");
+  raw.set(zmq::sockopt::subscribe, "want.3.bad id");
+  raw.set(zmq::sockopt::subscribe, "s.");
   raw.set(zmq::sockopt::subscribe, "7");
-  auto odd = requests_within(pub, [](const auto& r) { return r.count >= 3; });
-  CHECK(odd.count >= 3);
+  auto odd = requests_within(pub, [](const auto& r) { return r.count >= 5; });
+  CHECK(odd.count >= 5);
   CHECK(odd.fragments.empty());
-  CHECK_FALSE(odd.all);
+  CHECK(odd.joined.empty());
 }
 
 TEST_CASE("malformed framing is skipped, not crashed on", "[zmq]") {
@@ -137,12 +164,12 @@ TEST_CASE("malformed framing is skipped, not crashed on", "[zmq]") {
   // Malformed messages interleaved with a valid one: only the valid one ever comes out.
   int valid = 0;
   for (int attempt = 0; attempt < 200 && valid < 3; ++attempt) {
-    (void)raw.send(zmq::str_buffer("not-a-number"), zmq::send_flags::sndmore);
+    (void)raw.send(zmq::str_buffer("v.not-a-number"), zmq::send_flags::sndmore);
     (void)raw.send(zmq::str_buffer("payload"), zmq::send_flags::none);
-    (void)raw.send(zmq::str_buffer("single frame"), zmq::send_flags::none);
-    (void)raw.send(zmq::str_buffer("12x"), zmq::send_flags::sndmore);
+    (void)raw.send(zmq::str_buffer("v.single frame"), zmq::send_flags::none);
+    (void)raw.send(zmq::str_buffer("v.12x"), zmq::send_flags::sndmore);
     (void)raw.send(zmq::str_buffer("payload"), zmq::send_flags::none);
-    (void)raw.send(zmq::str_buffer("5"), zmq::send_flags::sndmore);
+    (void)raw.send(zmq::str_buffer("v.5"), zmq::send_flags::sndmore);
     (void)raw.send(zmq::str_buffer("ok"), zmq::send_flags::none);
     for (int i = 0; i < 4; ++i) {
       if (auto r = sub.receive(20ms)) {
