@@ -1,5 +1,6 @@
 #include "learner/delta_publisher.h"
 
+#include "core/codec/chunk.h"
 #include "core/kafka/delta_headers.h"
 
 namespace diloco {
@@ -20,9 +21,15 @@ DeltaPublisher::DeltaPublisher(DeltaPublisherOptions options, Metrics& metrics)
     }
     uint32_t fragment = static_cast<uint32_t>(report.token);
     auto it = in_flight_.find(fragment);
-    size_t bytes = it == in_flight_.end() ? 0 : it->second.second;
-    if (it != in_flight_.end()) in_flight_.erase(it);
-    if (report.ok) {
+    if (it == in_flight_.end()) return;
+    Sending& sending = it->second;
+    ++sending.acknowledged;
+    sending.failed = sending.failed || !report.ok;
+    if (sending.acknowledged < sending.pieces.size()) return;  // the delta's other pieces are on their way
+    const size_t bytes = sending.bytes;
+    const bool ok = !sending.failed;
+    in_flight_.erase(it);
+    if (ok) {
       ++stats_.delivered;
       stats_.bytes_delivered += bytes;
       metrics_.add("deltas_delivered_total", 1);
@@ -68,21 +75,38 @@ PublisherStats DeltaPublisher::stats() const {
 }
 
 void DeltaPublisher::hand_over_locked(Producer& producer) {
+  // A waiting delta starts once its fragment has nothing in flight.
   for (auto it = waiting_.begin(); it != waiting_.end();) {
-    uint32_t fragment = it->first;
-    if (in_flight_.count(fragment)) {
+    if (in_flight_.count(it->first)) {
       ++it;
       continue;
     }
-    const OutgoingDelta& delta = it->second;
-    Record record{.topic = options_.topics.deltas(delta.header.region),
-                  .partition = static_cast<int32_t>(fragment % static_cast<uint32_t>(options_.partitions)),
-                  .key = std::to_string(fragment),
-                  .value = delta.bytes,
-                  .headers = delta_headers(delta.header)};
-    if (producer.try_produce(record, fragment) == Producer::Enqueue::QueueFull) break;
-    in_flight_[fragment] = {delta.header.seq, delta.bytes.size()};
+    OutgoingDelta& delta = it->second;
+    Sending sending{.header = delta.header, .bytes = delta.bytes.size()};
+    sending.pieces = options_.chunk_bytes == 0
+                         ? std::vector<std::vector<uint8_t>>{std::move(delta.bytes)}
+                         : split_message(std::move(delta.bytes),
+                                         ChunkId{delta.header.run_id, delta.header.learner_id, delta.header.fragment,
+                                                 delta.header.seq},
+                                         options_.chunk_bytes);
+    in_flight_[it->first] = std::move(sending);
     it = waiting_.erase(it);
+  }
+  // Pieces go to the producer in order, as far as its queue takes them.
+  for (auto& [fragment, sending] : in_flight_) {
+    while (sending.next < sending.pieces.size()) {
+      Headers headers = delta_headers(sending.header);
+      if (sending.pieces.size() > 1)
+        headers.emplace_back("chunk", std::to_string(sending.next) + "/" + std::to_string(sending.pieces.size()));
+      Record record{.topic = options_.topics.deltas(sending.header.region),
+                    .partition = static_cast<int32_t>(fragment % static_cast<uint32_t>(options_.partitions)),
+                    .key = std::to_string(fragment),
+                    .value = sending.pieces[sending.next],
+                    .headers = std::move(headers)};
+      if (producer.try_produce(record, fragment) == Producer::Enqueue::QueueFull) break;
+      std::vector<uint8_t>().swap(sending.pieces[sending.next]);  // the producer has its copy
+      ++sending.next;
+    }
   }
   if (heartbeat_ && !heartbeat_in_flight_) {
     Record record{.topic = options_.topics.members(), .partition = 0, .key = heartbeat_->first,
@@ -120,7 +144,7 @@ std::vector<std::pair<uint32_t, uint64_t>> DeltaPublisher::close(std::chrono::mi
   }
   std::lock_guard lock(mutex_);
   std::vector<std::pair<uint32_t, uint64_t>> undelivered;
-  for (const auto& [fragment, entry] : in_flight_) undelivered.emplace_back(fragment, entry.first);
+  for (const auto& [fragment, entry] : in_flight_) undelivered.emplace_back(fragment, entry.header.seq);
   for (const auto& [fragment, delta] : waiting_) undelivered.emplace_back(fragment, delta.header.seq);
   return undelivered;
 }

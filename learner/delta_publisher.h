@@ -2,7 +2,7 @@
 //
 // One background thread owns the Kafka producer. submit() only swaps a pointer under a mutex:
 // each fragment has one slot for the newest delta not yet handed to Kafka, and at most one delta
-// per fragment is in flight inside the producer. When the broker is slow or down, a newer delta
+// per fragment is in flight inside the producer (a large one as chunks, in order). When the broker is slow or down, a newer delta
 // of a fragment replaces the unsent older one (it contains the older one's progress, both being
 // measured from the same anchor), so memory stays bounded at two deltas per fragment and training
 // never waits. Heartbeats have one slot too: the newest wins.
@@ -31,6 +31,9 @@ struct DeltaPublisherOptions {
   ProducerOptions producer;
   RunTopics topics;
   int partitions = 1;  // NP: fragment p goes to partition p mod NP
+  // A delta larger than this goes out as chunks (core/codec/chunk.h), all of one delta's pieces in
+  // order before the next delta of that fragment; 0: never chunked.
+  uint64_t chunk_bytes = 0;
 };
 
 struct OutgoingDelta {
@@ -72,7 +75,16 @@ class DeltaPublisher {
   Metrics& metrics_;
   mutable std::mutex mutex_;
   std::map<uint32_t, OutgoingDelta> waiting_;              // fragment -> newest unsent
-  std::map<uint32_t, std::pair<uint64_t, size_t>> in_flight_;  // fragment -> (seq, bytes)
+  // A delta handed to the producer piece by piece: at most one per fragment.
+  struct Sending {
+    DeltaHeader header;
+    size_t bytes = 0;                           // the whole delta's
+    std::vector<std::vector<uint8_t>> pieces;  // itself, or its chunks
+    size_t next = 0;                            // pieces handed to the producer
+    size_t acknowledged = 0;                    // delivery reports back
+    bool failed = false;
+  };
+  std::map<uint32_t, Sending> in_flight_;       // fragment -> delta
   std::optional<std::pair<std::string, std::vector<uint8_t>>> heartbeat_;
   bool heartbeat_in_flight_ = false;
   PublisherStats stats_;

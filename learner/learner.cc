@@ -61,8 +61,7 @@ class Learner {
  private:
   bool networked() const { return o_.mode != LearnerMode::Standalone; }
   DecodeLimits limits() const {
-    return DecodeLimits{.run_id = o_.config.run.id, .fingerprint = setup_.layout.fingerprint, .layout = &setup_.layout,
-                        .max_message_bytes = o_.kafka.max_message_bytes};
+    return run_decode_limits(o_.config, setup_.layout);
   }
   void load_global_state();
   ResumePoint read_resume_point();
@@ -422,7 +421,9 @@ int Learner::run() {
     ProducerOptions producer{.kafka = o_.kafka, .delivery_timeout_ms = 0};
     producer.kafka.client_id = o_.learner_id;
     publisher_ = std::make_unique<DeltaPublisher>(
-        DeltaPublisherOptions{.producer = producer, .topics = topics, .partitions = partitions}, metrics_);
+        DeltaPublisherOptions{.producer = producer, .topics = topics, .partitions = partitions,
+                              .chunk_bytes = o_.config.codec.chunk_bytes},
+        metrics_);
     inbox_ = std::make_unique<ParamInbox>(
         ParamInboxOptions{.kafka = o_.kafka, .topics = topics, .limits = limits(), .endpoints = o_.merger_endpoints,
                           .held = std::move(held_at_start_)},

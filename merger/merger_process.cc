@@ -16,7 +16,9 @@
 #include <nlohmann/json.hpp>
 #include <zmq.hpp>
 
+#include "core/codec/chunk.h"
 #include "core/fragments/message_budget.h"
+#include "core/kafka/chunk_assembler.h"
 #include "core/kafka/consumer.h"
 #include "core/kafka/producer.h"
 #include "core/kafka/traffic.h"
@@ -76,8 +78,7 @@ class MergerProcess : public RebalanceListener {
  private:
   double now() const { return std::chrono::duration<double>(Clock::now() - start_).count(); }
   DecodeLimits limits() const {
-    return DecodeLimits{.run_id = o_.config.run.id, .fingerprint = setup_.layout.fingerprint, .layout = &setup_.layout,
-                        .max_message_bytes = o_.kafka.max_message_bytes};
+    return run_decode_limits(o_.config, setup_.layout);
   }
   LogContext log_context() const {
     return LogContext{.kafka = o_.kafka, .topics = topics_, .config = &o_.config, .setup = &setup_, .limits = limits()};
@@ -95,7 +96,12 @@ class MergerProcess : public RebalanceListener {
   std::optional<int64_t> unread(const std::pair<std::string, int32_t>& tp, int64_t next);
   bool backlog();
   void catch_up();
-  void handle_delta(const ConsumedMessage& message);
+  void handle_delta(ConsumedMessage record);
+  void reject_chunks(const std::vector<ChunkProblem>& problems);
+  // The writes of one fragment's checkpoint: one record keyed by the fragment id, or, when it
+  // is larger than codec.chunk_bytes, its pieces keyed "<fragment>/<index>" (the topic is
+  // compacted by key, so each piece must keep its own key until the next checkpoint replaces it).
+  void add_state_writes(std::vector<LogWrite>& writes, const FragmentState& state);
   void reject(const ConsumedMessage& message, const std::string& reason, const std::string& detail);
   void merge(uint32_t p, const std::vector<std::string>& live);
   RoundTiming round_timing(const FragmentMerger& merger, const MergePlan& plan,
@@ -136,6 +142,14 @@ class MergerProcess : public RebalanceListener {
   std::map<uint32_t, OwnedFragment> owned_;
   std::set<int32_t> assigned_;
   std::map<std::pair<std::string, int32_t>, int64_t> next_offset_;  // consumed delta partitions
+  // Chunked deltas being put back together, and the first and last offsets of those completed
+  // since the last commit: a committed offset must not fall inside one (a restart would read
+  // only its tail), so it is held back to the first piece (offsets_holding).
+  std::unique_ptr<ChunkAssembler> chunks_;
+  std::map<std::pair<std::string, int32_t>, std::map<int64_t, int64_t>> spans_;
+  void forget_consumed();  // the consumer moved: what was read is read again
+  void reject(const LogPosition& at, size_t payload_size, const std::vector<uint8_t>& head, const std::string& reason,
+              const std::string& detail);
   Membership membership_;
   zmq::context_t zmq_{1};
   std::unique_ptr<ParamsPublisher> publisher_;
@@ -161,8 +175,10 @@ MergerProcess::MergerProcess(const MergerOptions& options, const std::atomic<boo
                                 .cap_step_times = options.config.merger.grace_cap_steps,
                                 .cap_seconds = options.config.merger.grace_cap_seconds}),
       membership_(options.config.merger.liveness_seconds) {
-  // A fragment whose checkpoint or parameters cannot fit one Kafka message is refused at start-up.
+  // A config whose chunks cannot fit one Kafka record, or whose messages one buffer, is refused
+  // at start-up.
   check_message_sizes(o_.config, setup_.layout, o_.kafka.max_message_bytes);
+  chunks_ = std::make_unique<ChunkAssembler>(limits());
 }
 
 void MergerProcess::log(nlohmann::json record) {
@@ -192,9 +208,19 @@ std::vector<TopicPartitionOffset> MergerProcess::offsets_to_commit() const {
 // The consumed offsets, each held back to the lowest of `held` in its partition.
 std::vector<TopicPartitionOffset> MergerProcess::offsets_holding(const std::vector<LogPosition>& held) const {
   std::map<std::pair<std::string, int32_t>, int64_t> commit = next_offset_;
-  for (const auto& pos : held) {
+  auto hold = [&](const LogPosition& pos) {
     auto it = commit.find({pos.topic, pos.partition});
     if (it != commit.end()) it->second = std::min(it->second, pos.offset);
+  };
+  for (const auto& pos : held) hold(pos);
+  for (const auto& pos : chunks_->open_heads()) hold(pos);
+  // Nor inside a completed chunked delta: back to its first piece (which may fall inside
+  // another one, hence the loop, from the highest span down).
+  for (auto& [tp, offset] : commit) {
+    auto spans = spans_.find(tp);
+    if (spans == spans_.end()) continue;
+    for (auto it = spans->second.rbegin(); it != spans->second.rend(); ++it)
+      if (it->first < offset && it->second >= offset) offset = it->first;
   }
   std::vector<TopicPartitionOffset> out;
   for (const auto& [tp, offset] : commit)
@@ -202,11 +228,26 @@ std::vector<TopicPartitionOffset> MergerProcess::offsets_holding(const std::vect
   return out;
 }
 
+void MergerProcess::add_state_writes(std::vector<LogWrite>& writes, const FragmentState& state) {
+  const uint32_t p = state.fragment;
+  auto pieces = split_message(encode_fragment_state(state),
+                              ChunkId{o_.config.run.id, o_.instance_id, p, state.version}, o_.config.codec.chunk_bytes);
+  for (size_t i = 0; i < pieces.size(); ++i)
+    writes.push_back({topics_.state(), partition_of(p), pieces.size() == 1 ? std::to_string(p) : std::to_string(p) + "/" + std::to_string(i),
+                      std::move(pieces[i])});
+}
+
+void MergerProcess::forget_consumed() {
+  next_offset_.clear();
+  chunks_->clear();
+  spans_.clear();
+}
+
 void MergerProcess::write_genesis(const std::vector<uint32_t>& fragments) {
   if (fragments.empty()) return;
   std::vector<LogWrite> writes;
   for (uint32_t p : fragments)
-    writes.push_back({topics_.state(), partition_of(p), std::to_string(p), encode_fragment_state(owned_.at(p).state)});
+    add_state_writes(writes, owned_.at(p).state);
   writer_->commit(writes, committed_offsets(), *consumer_);
   for (uint32_t p : fragments) log({{"event", "genesis"}, {"fragment", p}});
 }
@@ -250,7 +291,7 @@ void MergerProcess::on_assigned(const std::vector<TopicPartitionOffset>& partiti
   assigned_.clear();
   for (const auto& tp : partitions) assigned_.insert(tp.partition);
   owned_.clear();
-  next_offset_.clear();
+  forget_consumed();
   log({{"event", "assigned"}, {"partitions", std::vector<int32_t>(assigned_.begin(), assigned_.end())}, {"epoch", epoch_}});
   recover_needed_ = true;
   rewind_needed_ = false;  // a new assignment starts at the committed offsets anyway
@@ -271,7 +312,7 @@ bool MergerProcess::ensure_recovered() {
       recover(assigned_);
       if (rewind_needed_) {
         consumer_->rewind_to_committed(t_.committed_offsets_ms);
-        next_offset_.clear();
+        forget_consumed();
         rewind_needed_ = false;
         rewound = true;
         log({{"event", "rewound"}, {"partitions", std::vector<int32_t>(assigned_.begin(), assigned_.end())}});
@@ -294,7 +335,7 @@ bool MergerProcess::consume(int timeout_ms) {
   auto message = consumer_->poll(timeout_ms);
   if (recover_needed_ && ensure_recovered()) return false;
   if (!message) return false;
-  handle_delta(*message);
+  handle_delta(std::move(*message));
   return true;
 }
 
@@ -328,23 +369,36 @@ void MergerProcess::on_revoked(const std::vector<TopicPartitionOffset>&) {
   log({{"event", "revoked"}, {"fragments", owned_.size()}});
   owned_.clear();
   assigned_.clear();
-  next_offset_.clear();
+  forget_consumed();
 }
 
 void MergerProcess::reject(const ConsumedMessage& message, const std::string& reason, const std::string& detail) {
+  reject({message.topic, message.partition, message.offset}, message.value.size(), message.value, reason, detail);
+}
+
+void MergerProcess::reject(const LogPosition& at, size_t payload_size, const std::vector<uint8_t>& head,
+                           const std::string& reason, const std::string& detail) {
   metrics_.add("deltas_rejected_total", 1, {{"reason", reason}});
-  RejectedInput r{.run_id = o_.config.run.id, .source = {message.topic, message.partition, message.offset},
-                  .reason = reason, .detail = detail, .rejected_by = o_.instance_id, .time_us = unix_us(),
-                  .payload_size = message.value.size()};
-  r.payload_head.assign(message.value.begin(), message.value.begin() + std::min<size_t>(message.value.size(), 256));
+  RejectedInput r{.run_id = o_.config.run.id, .source = at, .reason = reason, .detail = detail,
+                  .rejected_by = o_.instance_id, .time_us = unix_us(), .payload_size = payload_size};
+  r.payload_head.assign(head.begin(), head.begin() + std::min<size_t>(head.size(), 256));
   auto bytes = encode_rejected(r);
   plain_->try_produce({.topic = topics_.rejected(), .partition = 0, .key = "", .value = bytes}, 0);
-  log({{"event", "rejected"}, {"topic", message.topic}, {"partition", message.partition}, {"offset", message.offset},
+  log({{"event", "rejected"}, {"topic", at.topic}, {"partition", at.partition}, {"offset", at.offset},
        {"reason", reason}, {"detail", detail}});
 }
 
-void MergerProcess::handle_delta(const ConsumedMessage& message) {
-  next_offset_[{message.topic, message.partition}] = message.offset + 1;
+void MergerProcess::reject_chunks(const std::vector<ChunkProblem>& problems) {
+  for (const auto& p : problems) reject(p.position, p.payload_size, {}, reject_reason_name(p.reason), p.detail);
+}
+
+void MergerProcess::handle_delta(ConsumedMessage record) {
+  next_offset_[{record.topic, record.partition}] = record.offset + 1;
+  auto assembled = chunks_->add(std::move(record), now());
+  reject_chunks(assembled.problems);
+  if (!assembled.message) return;  // a piece of a delta still incomplete, or a bad piece
+  const ConsumedMessage& message = *assembled.message;
+  if (message.end() > message.offset) spans_[{message.topic, message.partition}][message.offset] = message.end();
   Delta delta;
   try {
     delta = decode_delta(message.value, limits());
@@ -392,10 +446,17 @@ void MergerProcess::commit(uint32_t p, MergeRecord& record, bool write_state) {
   if (write_state) {
     f.scratch.consumed.clear();
     for (const auto& tp : offsets) f.scratch.consumed.push_back({tp.topic, tp.partition, tp.offset});
-    writes.push_back({topics_.state(), partition_of(p), std::to_string(p), encode_fragment_state(f.scratch)});
+    add_state_writes(writes, f.scratch);
   }
   // The record's own position becomes the next checkpoint's starting point.
   if (auto position = writer_->commit(writes, offsets, *consumer_, true)) f.scratch.last_merge = *position;
+  // Chunked deltas wholly below the committed offsets can no longer hold them back.
+  for (const auto& tp : offsets) {
+    auto spans = spans_.find({tp.topic, tp.partition});
+    if (spans == spans_.end()) continue;
+    for (auto it = spans->second.begin(); it != spans->second.end();)
+      it = it->second < tp.offset ? spans->second.erase(it) : std::next(it);
+  }
 }
 
 RoundTiming MergerProcess::round_timing(const FragmentMerger& merger, const MergePlan& plan,
@@ -727,6 +788,7 @@ int MergerProcess::run() {
         }
       }
       ensure_recovered();
+      reject_chunks(chunks_->expire(now() - t_.chunk_expiry_ms / 1000.0));
       auto t = Clock::now();
       if (t - last_announce > std::chrono::duration<double>(o_.announce_interval_s)) {
         last_announce = t;
@@ -754,6 +816,8 @@ int MergerProcess::run() {
           lag += static_cast<double>(*l);
         }
         metrics_.set("consumer_lag_total", lag);
+        metrics_.set("chunked_deltas_open", static_cast<double>(chunks_->open_messages()));
+        metrics_.set("chunked_deltas_open_bytes", static_cast<double>(chunks_->open_bytes()));
         // A merge that is due waits for the loop: a long turn (recovery aside) delays every merge.
         metrics_.set("loop_turn_max_seconds", longest_turn);
         const KafkaTraffic traffic = kafka_traffic();
@@ -778,7 +842,7 @@ int MergerProcess::run() {
       auto message = consumer_->poll(t_.catch_up_poll_ms);
       if (recover_needed_) break;  // the group moved partitions: the new owner reads them
       if (message) {
-        handle_delta(*message);
+        handle_delta(std::move(*message));
         quiet_since = Clock::now();
       }
     }

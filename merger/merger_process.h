@@ -43,6 +43,9 @@ struct MergerTimeouts {
   int drain_ms = 5000;          // at a clean stop, reading deltas already in Kafka
   int drain_quiet_ms = 500;
   int flush_ms = 5000;
+  // A chunked delta with no new piece for this long is given up (rejected as chunk_missing): its
+  // learner died mid-message, and the consumer offset it holds back must move on.
+  int chunk_expiry_ms = 300000;
 };
 
 struct MergerOptions {

@@ -97,7 +97,7 @@ void apply_logged_merge(const LogContext& ctx, FragmentState& state, const Logge
   std::vector<TopicPartitionOffset> wanted;
   for (const auto& in : merge.record.inputs)
     wanted.push_back({in.position.topic, in.position.partition, in.position.offset});
-  auto messages = is_merge(merge.record) ? fetch_positions(ctx.kafka, wanted, ctx.timeout_ms)
+  auto messages = is_merge(merge.record) ? fetch_positions(ctx.kafka, wanted, ctx.timeout_ms, &ctx.limits)
                                          : std::vector<ConsumedMessage>{};
   apply_logged_merge(ctx, state, merge, index_by_position(messages));
 }
@@ -192,7 +192,7 @@ std::map<uint32_t, RecoveredFragment> recover_partition(const LogContext& ctx, i
           // A corrupt checkpoint is skipped: an older one plus the merge log rebuilds the same.
         }
       },
-      ctx.timeout_ms);
+      ctx.timeout_ms, &ctx.limits);
   int64_t from = -1;
   for (auto& [p, f] : out) {
     if (f.state.run_id.empty()) {

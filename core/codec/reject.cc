@@ -20,6 +20,9 @@ const char* reject_reason_name(RejectReason r) {
     case RejectReason::NonFinite: return "non_finite";
     case RejectReason::BadCounter: return "bad_counter";
     case RejectReason::MissingField: return "missing_field";
+    case RejectReason::ChunkMissing: return "chunk_missing";
+    case RejectReason::ChunkDuplicate: return "chunk_duplicate";
+    case RejectReason::ChunkMismatch: return "chunk_mismatch";
   }
   return "unknown";
 }

@@ -25,6 +25,9 @@ enum class RejectReason {
   NonFinite,             // NaN or Inf in values or scales
   BadCounter,            // counters out of range (zero seq, steps without tokens, ...)
   MissingField,
+  ChunkMissing,          // a chunked message whose pieces did not all arrive
+  ChunkDuplicate,        // a piece that arrived twice (the first one is kept)
+  ChunkMismatch,         // a piece that disagrees with its message, or pieces that reassemble wrong
 };
 
 const char* reject_reason_name(RejectReason);  // snake_case, e.g. "wrong_fingerprint"

@@ -19,7 +19,7 @@ nlohmann::json run_config_json(const RunConfig& c) {
       {"codec", {{"dtype", dtype_name(c.codec.dtype)}, {"block_size", c.codec.block_size},
                  {"byte_shuffle", c.codec.byte_shuffle}, {"zstd_level", c.codec.zstd_level},
                  {"downlink_dtype", dtype_name(c.codec.downlink_dtype)},
-                 {"downlink_block_size", c.codec.downlink_block_size}}},
+                 {"downlink_block_size", c.codec.downlink_block_size}, {"chunk_bytes", c.codec.chunk_bytes}}},
       {"data", {{"path", c.data.path}, {"split", data_split_name(c.data.split)},
                 {"heldout_fraction", c.data.heldout_fraction}}},
       {"merger", {{"quorum", m.quorum}, {"grace_gamma", m.grace_gamma}, {"grace_tau", m.grace_tau},

@@ -190,6 +190,7 @@ void parse_codec(const Section& s, RunConfig& c) {
     else if (key == "zstd_level") read(f, c.codec.zstd_level);
     else if (key == "downlink_dtype") read(f, c.codec.downlink_dtype);
     else if (key == "downlink_block_size") read(f, c.codec.downlink_block_size);
+    else if (key == "chunk_bytes") read(f, c.codec.chunk_bytes);
     else unknown_key(f);
   }
 }
@@ -404,6 +405,8 @@ void validate_run_config(const RunConfig& c) {
   check(c.codec.block_size >= 1, c, "codec.block_size must be at least 1");
   check(c.codec.downlink_block_size >= 1 && c.codec.downlink_block_size <= (1u << 20), c,
         "codec.downlink_block_size must be between 1 and 1048576");
+  check(c.codec.chunk_bytes >= 4096 && c.codec.chunk_bytes <= (1ull << 30), c,
+        "codec.chunk_bytes must be between 4096 and 1073741824 (1 GiB)");
   check(c.codec.zstd_level >= 1 && c.codec.zstd_level <= 22, c,
         "codec.zstd_level must be between 1 and 22");
 

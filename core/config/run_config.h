@@ -78,6 +78,9 @@ struct CodecConfig {
   // global parameters are defined as what a learner reconstructs, so checksums stay exact.
   DType downlink_dtype = DType::INT4;
   uint32_t downlink_block_size = 64;
+  // A message larger than this travels as pieces of at most this many bytes, all-or-nothing
+  // (core/codec/chunk.h); it must fit one Kafka record with the chunk framing (checked at start).
+  uint64_t chunk_bytes = 4ull << 20;
 };
 
 enum class DataSplit {

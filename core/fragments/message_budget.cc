@@ -4,6 +4,7 @@
 
 #include <algorithm>
 
+#include "core/codec/chunk.h"
 #include "core/codec/messages.h"
 #include "core/errors.h"
 
@@ -33,8 +34,9 @@ uint64_t delta_bytes_bound(int64_t n, size_t tensors, DType dtype, uint32_t bloc
 
 uint64_t params_bytes_bound(int64_t n, size_t tensors) { return framed(payload_bytes(DType::F32, n), tensors); }
 
-uint64_t state_bytes_bound(int64_t n, size_t tensors, bool outer_state) {
-  const uint64_t buffers = outer_state ? 3 : 2;  // params, momentum (+ dn's or cgad's second buffer)
+uint64_t state_bytes_bound(int64_t n, size_t tensors, bool outer_state, bool residual) {
+  // params and momentum, + dn's or cgad's second buffer, + the quantized downlink's residual
+  const uint64_t buffers = 2 + (outer_state ? 1 : 0) + (residual ? 1 : 0);
   return framed(buffers * payload_bytes(DType::F32, n), buffers * tensors, kStateBookkeepingBytes);
 }
 
@@ -45,10 +47,13 @@ bool keeps_outer_state(const RunConfig& config) {
   return kind && has_outer_state(*kind);
 }
 
+bool keeps_residual(const RunConfig& config) { return config.codec.downlink_dtype != DType::F32; }
+
 }  // namespace
 
 MessageBound largest_message(const RunConfig& config, const FragmentLayout& layout) {
   const bool outer = keeps_outer_state(config);
+  const bool residual = keeps_residual(config);
   MessageBound largest;
   for (uint32_t p = 0; p < layout.num_fragments(); ++p) {
     const int64_t n = layout.fragment_numel(p);
@@ -56,7 +61,7 @@ MessageBound largest_message(const RunConfig& config, const FragmentLayout& layo
     const MessageBound candidates[] = {
         {"delta", p, n, delta_bytes_bound(n, tensors, config.codec.dtype, config.codec.block_size)},
         {"parameters", p, n, params_bytes_bound(n, tensors)},
-        {"checkpoint", p, n, state_bytes_bound(n, tensors, outer)},
+        {"checkpoint", p, n, state_bytes_bound(n, tensors, outer, residual)},
     };
     for (const auto& c : candidates)
       if (c.bytes > largest.bytes) largest = c;
@@ -64,10 +69,30 @@ MessageBound largest_message(const RunConfig& config, const FragmentLayout& layo
   return largest;
 }
 
-void check_message_sizes(const RunConfig& config, const FragmentLayout& layout, uint64_t max_message_bytes) {
+uint64_t logical_message_limit(const RunConfig& config, const FragmentLayout& layout) {
+  return std::max<uint64_t>(64ull << 20, largest_message(config, layout).bytes);
+}
+
+DecodeLimits run_decode_limits(const RunConfig& config, const FragmentLayout& layout) {
+  const uint64_t limit = logical_message_limit(config, layout);
+  return DecodeLimits{.run_id = config.run.id, .fingerprint = layout.fingerprint, .layout = &layout,
+                      .max_message_bytes = limit, .max_decompressed_bytes = limit};
+}
+
+void check_message_sizes(const RunConfig& config, const FragmentLayout& layout, uint64_t max_record_bytes) {
+  const uint64_t chunk = config.codec.chunk_bytes;
+  if (chunk + kChunkOverhead > max_record_bytes)
+    throw InvalidInput("codec.chunk_bytes is " + std::to_string(chunk) + " bytes: with " +
+                       std::to_string(kChunkOverhead) + " bytes of chunk framing a record can reach " +
+                       std::to_string(chunk + kChunkOverhead) + " bytes, above the " + std::to_string(max_record_bytes) +
+                       "-byte limit of one Kafka record (MAX_MESSAGE_BYTES in broker_config/limits.env, " +
+                       std::to_string(mib(max_record_bytes)) + " MiB): lower codec.chunk_bytes to at most " +
+                       std::to_string(max_record_bytes > kChunkOverhead ? max_record_bytes - kChunkOverhead : 0) +
+                       " or raise MAX_MESSAGE_BYTES");
   const MessageBound largest = largest_message(config, layout);
-  if (largest.bytes <= max_message_bytes) return;
+  if (largest.bytes <= kMaxLogicalMessageBytes) return;
   const bool outer = keeps_outer_state(config);
+  const bool residual = keeps_residual(config);
   int64_t total = 0;
   const TensorSpec* biggest = nullptr;
   for (const auto& fragment : layout.fragments)
@@ -76,25 +101,25 @@ void check_message_sizes(const RunConfig& config, const FragmentLayout& layout, 
       if (!biggest || t.numel() > biggest->numel()) biggest = &t;
     }
   std::string way_out;
-  if (biggest && state_bytes_bound(biggest->numel(), 1, outer) > max_message_bytes) {
+  if (biggest && state_bytes_bound(biggest->numel(), 1, outer, residual) > kMaxLogicalMessageBytes) {
     way_out = "tensor " + biggest->name + " alone (" + std::to_string(biggest->numel()) +
-              " parameters) cannot fit one message and tensors are not split across fragments: raise "
-              "MAX_MESSAGE_BYTES in broker_config/limits.env (and the clients' max_message_bytes) or use a smaller model";
+              " parameters) is too large for any fragment count, since a tensor is not split across fragments: "
+              "use a smaller model";
   } else {
     // The largest fragment holds at least total / P parameters.
-    const uint64_t per_param = outer ? 12 : 8;
-    const uint64_t usable = max_message_bytes > 2 * kStateBookkeepingBytes ? max_message_bytes - 2 * kStateBookkeepingBytes
-                                                                           : max_message_bytes;
+    const uint64_t per_param = 4 * (2 + (outer ? 1 : 0) + (residual ? 1 : 0));
+    const uint64_t usable = kMaxLogicalMessageBytes - 2 * kStateBookkeepingBytes;
     const uint64_t at_least = std::max<uint64_t>(layout.num_fragments() + 1,
                                                  (static_cast<uint64_t>(total) * per_param + usable - 1) / usable);
     way_out = "set diloco.fragments to at least " + std::to_string(at_least) + " (now " +
-              std::to_string(layout.num_fragments()) + "), or raise MAX_MESSAGE_BYTES in broker_config/limits.env";
+              std::to_string(layout.num_fragments()) + ")";
   }
   throw InvalidInput("fragment " + std::to_string(largest.fragment) + " has " + std::to_string(largest.numel) +
                      " parameters: its " + largest.kind + " message can reach " + std::to_string(largest.bytes) +
                      " bytes (" + std::to_string(mib(largest.bytes)) + " MiB), above the " +
-                     std::to_string(max_message_bytes) + "-byte limit of one Kafka message (" +
-                     std::to_string(mib(max_message_bytes)) + " MiB); " + way_out);
+                     std::to_string(kMaxLogicalMessageBytes) + "-byte limit of one message (" +
+                     std::to_string(mib(kMaxLogicalMessageBytes)) + " MiB, what one FlatBuffer can hold; it travels in " +
+                     "chunks of codec.chunk_bytes, but is built and decoded whole); " + way_out);
 }
 
 }  // namespace diloco

@@ -20,6 +20,10 @@ class KafkaConsumer;
 
 namespace diloco {
 
+struct DecodeLimits;
+struct ChunkProblem;
+using OnChunkProblem = std::function<void(const ChunkProblem&)>;
+
 struct ConsumerOptions {
   KafkaOptions kafka;
   std::string group_id;  // empty: no group (use assign())
@@ -42,6 +46,11 @@ struct ConsumedMessage {
   std::vector<uint8_t> value;
   Headers headers;
   bool tombstone = false;  // null value (compacted topics)
+  // A chunked message (core/kafka/chunk_assembler.h) is handed on whole at the position of its
+  // first piece, with `value` the reassembled message and `last_offset` its last piece's offset
+  // (for a plain record: its own offset).
+  int64_t last_offset = -1;
+  int64_t end() const { return last_offset < offset ? offset : last_offset; }
 };
 
 // Called on the polling thread when the group moves partitions.
@@ -120,18 +129,25 @@ std::vector<UnstablePartition> wait_until_stable(const KafkaOptions& options,
                                                  const std::vector<TopicPartitionOffset>& partitions, int timeout_ms);
 
 // Reads every committed message of the given partitions from the given offsets (-2: beginning)
-// up to their end as of the call, without a consumer group.
+// up to their end as of the call, without a consumer group. With `chunks` (the run's limits),
+// chunked messages are handed on whole at their first piece (core/kafka/chunk_assembler.h) and
+// what does not reassemble goes to `on_problem`.
 void read_partitions_to_end(const KafkaOptions& options, const std::vector<TopicPartitionOffset>& starts,
-                            const std::function<void(const ConsumedMessage&)>& on_message, int timeout_ms);
+                            const std::function<void(const ConsumedMessage&)>& on_message, int timeout_ms,
+                            const DecodeLimits* chunks = nullptr, const OnChunkProblem& on_problem = {});
 
 // The committed messages at exactly these positions (missing ones, e.g. deleted by retention or
-// never committed, are absent from the result).
+// never committed, are absent from the result). With `chunks`, a position naming the first piece
+// of a chunked message gives the whole message (read on to its last piece); one that does not
+// reassemble is absent.
 std::vector<ConsumedMessage> fetch_positions(const KafkaOptions& options,
-                                             const std::vector<TopicPartitionOffset>& positions, int timeout_ms);
+                                             const std::vector<TopicPartitionOffset>& positions, int timeout_ms,
+                                             const DecodeLimits* chunks = nullptr);
 
 // Reads every committed message of `topics` from the beginning up to the end as of the call,
 // without a consumer group, calling on_message for each. Used by start-up state reads and replay.
 void read_to_end(const KafkaOptions& options, const std::vector<std::string>& topics,
-                 const std::function<void(const ConsumedMessage&)>& on_message, int timeout_ms);
+                 const std::function<void(const ConsumedMessage&)>& on_message, int timeout_ms,
+                 const DecodeLimits* chunks = nullptr, const OnChunkProblem& on_problem = {});
 
 }  // namespace diloco

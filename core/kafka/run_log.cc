@@ -24,7 +24,7 @@ StateScan read_states(const KafkaOptions& kafka, const RunTopics& topics, const 
           ++scan.rejected;
         }
       },
-      timeout_ms);
+      timeout_ms, &limits);
   return scan;
 }
 

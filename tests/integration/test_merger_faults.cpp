@@ -7,6 +7,10 @@
 
 #include <cstdlib>
 #include <memory>
+#include <random>
+
+#include "core/codec/chunk.h"
+#include "core/fragments/message_budget.h"
 
 #include "core/kafka/consumer.h"
 #include "core/kafka/producer.h"
@@ -277,4 +281,111 @@ TEST_CASE("genesis and a clean stop commit the group's offsets in their transact
   REQUIRE(offsets.size() == 2);
   CHECK(offsets[0].offset == 1);
   CHECK(offsets[1].offset == 0);
+}
+
+TEST_CASE("chunked deltas: whole ones merge, a lost, a duplicated and a tampered piece are rejected with their reason",
+          "[merger][faults][chunks]") {
+  FaultRun r("chunks", {"merger.quorum=1", "codec.chunk_bytes=4096"});
+  auto merger = r.merger("M0");
+  r.wait_genesis("M0");
+  // fp32 deltas of random values: about 120 KB, 30 pieces of 4 KiB each.
+  auto delta = [&](const std::string& learner, uint64_t seq) {
+    DeltaHeader h{.run_id = r.run, .fingerprint = r.setup.layout.fingerprint, .learner_id = learner, .region = "r0",
+                  .fragment = 0, .seq = seq, .base_version = 0, .inner_steps = 10,
+                  .tokens = static_cast<uint64_t>(10 * r.config.train.batch * r.config.model.context), .learner_step = seq};
+    auto tensors = fragment_tensors(r.setup.model, r.setup.layout, 0);
+    std::mt19937 rng(static_cast<uint32_t>(seq * 131 + learner.size()));
+    std::normal_distribution<float> normal(0.0f, 1e-3f);
+    for (auto& t : tensors)
+      for (auto& v : t.values) v = normal(rng);
+    auto bytes = encode_delta(h, std::span<const DenseTensor>(tensors), CodecOptions{.dtype = DType::F32});
+    return split_message(std::move(bytes), ChunkId{r.run, learner, 0, seq}, r.config.codec.chunk_bytes);
+  };
+  auto a = delta("a", 1), b1 = delta("b", 1), b2 = delta("b", 2), c = delta("c", 1), d = delta("d", 1);
+  REQUIRE(a.size() > 3);
+  // d's piece 1 with one data byte flipped: a valid piece whose bytes are not the message's.
+  std::vector<uint8_t> tampered = d[1];
+  tampered[tampered.size() / 2] ^= 0xff;
+  REQUIRE(is_chunk(tampered));
+
+  std::vector<std::vector<uint8_t>> stream;
+  auto append = [&](const std::vector<std::vector<uint8_t>>& pieces) { stream.insert(stream.end(), pieces.begin(), pieces.end()); };
+  append(a);
+  const size_t b1_head = stream.size();
+  for (size_t i = 0; i < b1.size(); ++i)
+    if (i != 1) stream.push_back(b1[i]);  // piece 1 lost
+  const size_t b2_head = stream.size();
+  append(b2);  // b's next message: b1 can never end
+  const size_t c_head = stream.size();
+  stream.push_back(c[0]);
+  stream.push_back(c[1]);
+  const size_t c_duplicate = stream.size();
+  stream.push_back(c[1]);
+  for (size_t i = 2; i < c.size(); ++i) stream.push_back(c[i]);
+  const size_t d_head = stream.size();
+  stream.push_back(d[0]);
+  stream.push_back(tampered);
+  for (size_t i = 2; i < d.size(); ++i) stream.push_back(d[i]);
+  // Interleave another learner's pieces with all of that: e's whole message, piece by piece.
+  auto e = delta("e", 1);
+  std::vector<std::vector<uint8_t>> mixed;
+  size_t next_e = 0;
+  std::vector<int64_t> mixed_index(stream.size());
+  for (size_t i = 0; i < stream.size(); ++i) {
+    if (i % 4 == 3 && next_e < e.size()) mixed.push_back(e[next_e++]);
+    mixed_index[i] = static_cast<int64_t>(mixed.size());
+    mixed.push_back(stream[i]);
+  }
+  const int64_t e_head = mixed_index[3] - 1;
+  while (next_e < e.size()) mixed.push_back(e[next_e++]);
+
+  std::map<uint64_t, int64_t> offsets;  // index in `mixed` -> offset
+  {
+    Producer producer({.kafka = r.kafka}, [&](const DeliveryReport& report) {
+      if (report.ok) offsets[report.token] = report.offset;
+    });
+    for (size_t i = 0; i < mixed.size(); ++i)
+      producer.produce({.topic = r.topics.deltas("r0"), .partition = 0, .key = "0", .value = mixed[i]}, i, 10000);
+    REQUIRE(producer.flush(20000) == 0);
+  }
+  REQUIRE(offsets.size() == mixed.size());
+  auto offset_of = [&](size_t stream_index) { return offsets.at(static_cast<uint64_t>(mixed_index[stream_index])); };
+
+  // The merger writes its rejections; wait for the three.
+  const DecodeLimits limits = run_decode_limits(r.config, r.setup.layout);
+  std::map<std::string, std::vector<int64_t>> rejected;
+  auto read_rejected = [&] {
+    rejected.clear();
+    read_to_end(r.kafka, {r.topics.rejected()}, [&](const ConsumedMessage& m) {
+      const RejectedInput in = decode_rejected(m.value, limits);
+      rejected[in.reason].push_back(in.source.offset);
+    }, 30000);
+    return rejected.size() >= 3;
+  };
+  REQUIRE(testing::eventually(read_rejected, 60s));
+  std::this_thread::sleep_for(2s);  // the merges of what was whole
+  r.stop_and_audit(*merger);
+  read_rejected();
+  CHECK(rejected["chunk_missing"] == std::vector<int64_t>{offset_of(b1_head)});
+  CHECK(rejected["chunk_duplicate"] == std::vector<int64_t>{offset_of(c_duplicate)});
+  CHECK(rejected["chunk_mismatch"] == std::vector<int64_t>{offset_of(d_head)});
+  CHECK(rejected.size() == 3);
+
+  // The whole messages were offered at their first piece: merged, or dropped with a reason.
+  std::map<int64_t, std::string> fate;
+  for (const auto& rec : r.records()) {
+    for (const auto& in : rec.inputs) fate[in.position.offset] = "merged";
+    for (const auto& dd : rec.dropped) fate[dd.delta.position.offset] = drop_reason_name(dd.reason);
+  }
+  INFO("offsets: a " << offsets.at(static_cast<uint64_t>(mixed_index[0])) << " b2 " << offset_of(b2_head) << " c "
+                     << offset_of(c_head) << " e " << offsets.at(static_cast<uint64_t>(e_head)));
+  CHECK(fate.count(offsets.at(static_cast<uint64_t>(mixed_index[0]))) == 1);  // a
+  CHECK(fate.count(offset_of(b2_head)) == 1);
+  CHECK(fate.count(offset_of(c_head)) == 1);
+  CHECK(fate.count(offsets.at(static_cast<uint64_t>(e_head))) == 1);
+  CHECK(fate.count(offset_of(b1_head)) == 0);  // never merged partially
+  CHECK(fate.count(offset_of(d_head)) == 0);
+  size_t merged = 0;
+  for (const auto& [offset, f] : fate) merged += f == "merged";
+  CHECK(merged >= 1);
 }

@@ -7,6 +7,7 @@
 
 #include "core/codec/messages.h"
 #include "core/errors.h"
+#include "core/codec/chunk.h"
 #include "core/fragments/message_budget.h"
 
 using namespace diloco;
@@ -52,6 +53,10 @@ TEST_CASE("message bounds hold for encoded messages of random values", "[budget]
   CHECK(state_bytes_bound(n, shapes.size(), false) < state_bytes + (3u << 20));  // bounds, not guesses
   state.outer_state = random_tensors(shapes, 3);
   CHECK(encode_fragment_state(state, 1).size() <= state_bytes_bound(n, shapes.size(), true));
+  state.downlink_residual = random_tensors(shapes, 4);  // a quantized downlink's error feedback
+  const auto with_residual = encode_fragment_state(state, 1).size();
+  CHECK(state_bytes_bound(n, shapes.size(), true, true) >= state_bytes_bound(n, shapes.size(), true) + 4 * n);
+  CHECK(with_residual <= state_bytes_bound(n, shapes.size(), true, true));
 
   FragmentParams params;
   params.run_id = "budget";
@@ -72,42 +77,67 @@ TEST_CASE("message bounds hold for encoded messages of random values", "[budget]
   }
 }
 
-TEST_CASE("a layout whose checkpoint cannot fit one message is refused with the way out", "[budget]") {
-  RunConfig config;
-  const uint64_t limit = 64ull << 20;
-  // Four 3M-parameter tensors: 96 MB of checkpoint in one fragment, 48 MB in each of two.
+TEST_CASE("a layout whose checkpoint cannot fit one buffer is refused with the way out", "[budget]") {
+  RunConfig config;  // nesterov, int4 downlink: params, momentum and residual, 12 B per parameter
+  const uint64_t record_limit = 64ull << 20;
+  // Four 80M-parameter tensors: 3.84 GB of checkpoint in one fragment, 1.92 GB in each of two,
+  // against the 2 GiB one FlatBuffer can hold.
   std::vector<TensorSpec> four;
-  for (int i = 0; i < 4; ++i) four.push_back({"w" + std::to_string(i), {1000, 3000}});
+  for (int i = 0; i < 4; ++i) four.push_back({"w" + std::to_string(i), {8000, 10000}});
   auto one = layout_of({four});
   auto two = layout_of({{four[0], four[1]}, {four[2], four[3]}});
 
   CHECK(largest_message(config, one).kind == "checkpoint");
-  CHECK(largest_message(config, one).numel == 12'000'000);
-  CHECK_NOTHROW(check_message_sizes(config, two, limit));
+  CHECK(largest_message(config, one).numel == 320'000'000);
+  CHECK_NOTHROW(check_message_sizes(config, two, record_limit));
   try {
-    check_message_sizes(config, one, limit);
-    FAIL("a 12M-parameter fragment passed a 64 MiB limit");
+    check_message_sizes(config, one, record_limit);
+    FAIL("a 320M-parameter fragment passed");
   } catch (const InvalidInput& e) {
     const std::string what = e.what();
-    CHECK_THAT(what, Catch::Contains("fragment 0 has 12000000 parameters"));
+    CHECK_THAT(what, Catch::Contains("fragment 0 has 320000000 parameters"));
     CHECK_THAT(what, Catch::Contains("checkpoint"));
-    CHECK_THAT(what, Catch::Contains("67108864-byte limit"));
+    CHECK_THAT(what, Catch::Contains(std::to_string(kMaxLogicalMessageBytes) + "-byte limit"));
     CHECK_THAT(what, Catch::Contains("set diloco.fragments to at least 2 (now 1)"));
   }
-  // dn keeps a third buffer: 12 B per parameter make the two-fragment layout too large as well.
+  // dn keeps a fourth buffer: 16 B per parameter make the two-fragment layout too large as well.
   config.merger.optimizer = "dn";
-  CHECK_THROWS_AS(check_message_sizes(config, two, limit), InvalidInput);
+  CHECK_THROWS_AS(check_message_sizes(config, two, record_limit), InvalidInput);
+  // An fp32 downlink keeps no residual: 8 B per parameter.
+  config.merger.optimizer = "nesterov";
+  config.codec.downlink_dtype = DType::F32;
+  CHECK(largest_message(config, two).bytes < largest_message(RunConfig{}, two).bytes);
 }
 
-TEST_CASE("a tensor too large for any fragment count names the tensor and the limit to raise", "[budget]") {
+TEST_CASE("a tensor too large for any fragment count names the tensor", "[budget]") {
   RunConfig config;
-  auto layout = layout_of({{{"embed", {100, 100}}}, {{"huge", {10000, 1000}}}});
+  auto layout = layout_of({{{"embed", {100, 100}}}, {{"huge", {20000, 10000}}}});
   try {
     check_message_sizes(config, layout, 64ull << 20);
-    FAIL("a 10M-parameter tensor passed a 64 MiB limit");
+    FAIL("a 200M-parameter tensor passed");
   } catch (const InvalidInput& e) {
     const std::string what = e.what();
-    CHECK_THAT(what, Catch::Contains("tensor huge alone (10000000 parameters)"));
-    CHECK_THAT(what, Catch::Contains("MAX_MESSAGE_BYTES"));
+    CHECK_THAT(what, Catch::Contains("tensor huge alone (200000000 parameters)"));
+    CHECK_THAT(what, Catch::Contains("smaller model"));
   }
+}
+
+TEST_CASE("chunks larger than one Kafka record are refused at start-up, naming both sizes", "[budget]") {
+  RunConfig config;
+  // A fragment far above one record travels in chunks: 12M parameters, 144 MB of checkpoint.
+  auto layout = layout_of({{{"w", {3000, 4000}}}});
+  CHECK(largest_message(config, layout).bytes > (64ull << 20));
+  CHECK_NOTHROW(check_message_sizes(config, layout, 64ull << 20));  // 4 MiB chunks
+  config.codec.chunk_bytes = 64ull << 20;
+  try {
+    check_message_sizes(config, layout, 64ull << 20);
+    FAIL("64 MiB chunks passed a 64 MiB record limit");
+  } catch (const InvalidInput& e) {
+    const std::string what = e.what();
+    CHECK_THAT(what, Catch::Contains("codec.chunk_bytes is 67108864 bytes"));
+    CHECK_THAT(what, Catch::Contains("67108864-byte limit of one Kafka record"));
+    CHECK_THAT(what, Catch::Contains("lower codec.chunk_bytes to at most " + std::to_string((64ull << 20) - kChunkOverhead)));
+  }
+  config.codec.chunk_bytes = (64ull << 20) - kChunkOverhead;
+  CHECK_NOTHROW(check_message_sizes(config, layout, 64ull << 20));
 }

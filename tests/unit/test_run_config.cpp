@@ -163,6 +163,10 @@ TEST_CASE("validation checks ranges and constraints between fields", "[config]")
   CHECK_THROWS_WITH(invalid("data.heldout_fraction=0"), Contains("heldout_fraction"));
   CHECK_THROWS_WITH(invalid("run.id=\"a.b\""), Contains("run.id"));
   CHECK_THROWS_AS(invalid("codec.zstd_level=0"), InvalidInput);
+  CHECK_THROWS_WITH(invalid("codec.downlink_block_size=0"), Contains("codec.downlink_block_size must be between 1"));
+  CHECK_THROWS_WITH(invalid("codec.downlink_block_size=2000000"), Contains("codec.downlink_block_size"));
+  CHECK_THROWS_WITH(invalid("codec.chunk_bytes=100"), Contains("codec.chunk_bytes must be between 4096"));
+  CHECK_NOTHROW(invalid("codec.chunk_bytes=4096"));
 }
 
 TEST_CASE("load_run_config reads a file, applies overrides, validates", "[config]") {

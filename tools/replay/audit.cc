@@ -3,6 +3,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/kafka/chunk_assembler.h"
 #include "core/kafka/consumer.h"
 #include "tools/replay/replay.h"
 
@@ -19,8 +20,12 @@ std::string where(const Position& p) {
 RunAudit audit(const ReplayRun& run) {
   const DecodeLimits limits = run.limits();
   RunAudit a;
-  read_to_end(run.kafka, run.delta_topics, [&](const ConsumedMessage& m) { a.deltas.insert({m.topic, m.partition, m.offset}); },
-              run.timeout_ms);
+  // Chunked deltas count once, at their first piece; pieces that do not make a whole message are
+  // positions the merger must have rejected.
+  read_to_end(
+      run.kafka, run.delta_topics, [&](const ConsumedMessage& m) { a.deltas.insert({m.topic, m.partition, m.offset}); },
+      run.timeout_ms, &limits,
+      [&](const ChunkProblem& p) { a.deltas.insert({p.position.topic, p.position.partition, p.position.offset}); });
   read_to_end(run.kafka, {run.topics.rejected()}, [&](const ConsumedMessage& m) {
     try {
       a.rejected.insert(position_key(decode_rejected(m.value, limits).source));

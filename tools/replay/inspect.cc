@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "core/errors.h"
+#include "core/kafka/chunk_assembler.h"
 #include "tools/replay/replay.h"
 #include "tools/replay/run_logs.h"
 #include "tools/replay/tensor_file.h"
@@ -258,9 +259,15 @@ void list_deltas(const ReplayRun& run, const ListOptions& o, std::ostream& out) 
     std::cerr << "diloco-replay: skipping the merge record at " << describe(p) << ": " << why << "\n";
   });
   if (!o.json) print_table_header(out);
+  // Chunked deltas are listed whole, at their first piece (pieces of a message begun before the
+  // listed range are left out).
+  ChunkAssembler chunks(run.limits(), [](const ConsumedMessage&) { return true; });
   read_ranges(
       run.kafka, ranges,
-      [&](const ConsumedMessage& m) {
+      [&](const ConsumedMessage& piece) {
+        auto whole = chunks.add(piece).message;
+        if (!whole) return;
+        const ConsumedMessage& m = *whole;
         if ((o.since_ms && m.timestamp_ms < *o.since_ms) || (o.until_ms && m.timestamp_ms > *o.until_ms)) return;
         nlohmann::json row = delta_row(run, m, fates);
         if (!selected(row, o)) return;

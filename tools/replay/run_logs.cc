@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "core/errors.h"
+#include "core/fragments/message_budget.h"
 
 namespace diloco {
 
@@ -57,8 +58,7 @@ void apply_record(const LogContext& ctx, FragmentState& state, const LoggedMerge
 // ---- the run --------------------------------------------------------------------------------
 
 DecodeLimits ReplayRun::limits() const {
-  return DecodeLimits{.run_id = config.run.id, .fingerprint = setup.layout.fingerprint, .layout = &setup.layout,
-                      .max_message_bytes = kafka.max_message_bytes};
+  return run_decode_limits(config, setup.layout);
 }
 
 LogContext ReplayRun::context() const {
@@ -152,7 +152,8 @@ ConsumedMessage fetch_one(const ReplayRun& run, const LogPosition& position) {
   if (position.partition < 0 || position.partition >= topic->second)
     throw InvalidInput(position.topic + " has partitions 0.." + std::to_string(topic->second - 1) + ", not " +
                        std::to_string(position.partition));
-  auto found = fetch_positions(run.kafka, {{position.topic, position.partition, position.offset}}, run.timeout_ms);
+  const DecodeLimits limits = run.limits();
+  auto found = fetch_positions(run.kafka, {{position.topic, position.partition, position.offset}}, run.timeout_ms, &limits);
   if (!found.empty()) return std::move(found.front());
   Consumer probe(ConsumerOptions{.kafka = run.kafka});
   auto [low, high] = probe.watermarks(position.topic, position.partition, run.timeout_ms);
@@ -196,7 +197,7 @@ std::map<uint32_t, FragmentLog> read_fragment_logs(const ReplayRun& run, int32_t
           f.start_position = position;
         }
       },
-      run.timeout_ms);
+      run.timeout_ms, &ctx.limits);
   for (auto& [p, f] : out)
     if (!f.start_position) f.start = genesis_state(run.config, run.setup, p);
   for (auto& merge : read_merges(ctx, partition, -2, rejected)) {
@@ -226,7 +227,8 @@ void for_each_with_deltas(const ReplayRun& run, std::span<const LoggedMerge> mer
       for (const auto& p : named(merges[end].record)) wanted.push_back({p.topic, p.partition, p.offset});
       ++end;
     }
-    const auto messages = fetch_positions(run.kafka, wanted, run.timeout_ms);
+    const DecodeLimits limits = run.limits();
+    const auto messages = fetch_positions(run.kafka, wanted, run.timeout_ms, &limits);
     const DeltaMessages index = index_by_position(messages);
     for (size_t i = begin; i < end; ++i)
       if (!visit(merges[i], index)) return;
