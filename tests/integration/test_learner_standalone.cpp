@@ -52,20 +52,28 @@ TEST_CASE("learner refuses bad input with a clear error and a non-zero exit", "[
     CHECK_THAT(p.log(), Catch::Contains("scripts/broker start"));
   }
   {
-    // 25M parameters in one fragment: its checkpoint cannot fit one Kafka message. Refused before
-    // the broker is even asked (the bootstrap address here has none), and the merger the same way.
-    const std::vector<std::string> too_large = {"-c", testing::tiny_config_path(), "--bootstrap", "127.0.0.1:1",
-                                                "--set", "model.width=1024", "--set", "diloco.fragments=1"};
-    std::vector<std::string> learner_args = {testing::learner_binary()};
-    learner_args.insert(learner_args.end(), too_large.begin(), too_large.end());
-    testing::ChildProcess learner(learner_args, dir + "/size-learner.log");
-    std::vector<std::string> merger_args = {testing::merger_binary()};
-    merger_args.insert(merger_args.end(), too_large.begin(), too_large.end());
-    testing::ChildProcess merger(merger_args, dir + "/size-merger.log");
-    for (auto* p : {&learner, &merger}) {
-      CHECK(p->wait_exit(90s) == std::optional<int>(1));
-      CHECK_THAT(p->log(), Catch::Contains("above the 67108864-byte limit of one Kafka message"));
-      CHECK_THAT(p->log(), Catch::Contains("set diloco.fragments to at least"));
+    // Refused before the broker is even asked (the bootstrap address here has none), by learner
+    // and merger alike: chunks that cannot fit one Kafka record, and a 252M-parameter fragment
+    // whose checkpoint (12 B per parameter) cannot be one buffer.
+    const std::vector<std::pair<std::vector<std::string>, std::vector<std::string>>> cases = {
+        {{"--set", "codec.chunk_bytes=67108864"},
+         {"codec.chunk_bytes is 67108864 bytes", "above the 67108864-byte limit of one Kafka record",
+          "lower codec.chunk_bytes to at most 67107840"}},
+        {{"--set", "model.width=2048", "--set", "model.layers=5", "--set", "diloco.fragments=1"},
+         {"fragment 0 has 252319744 parameters", "above the 2146435072-byte limit of one message",
+          "set diloco.fragments to at least 2"}},
+    };
+    int n = 0;
+    for (const auto& [sets, expected] : cases) {
+      std::vector<std::string> common = {"-c", testing::tiny_config_path(), "--bootstrap", "127.0.0.1:1"};
+      common.insert(common.end(), sets.begin(), sets.end());
+      for (const std::string& binary : {testing::learner_binary(), testing::merger_binary()}) {
+        std::vector<std::string> args = {binary};
+        args.insert(args.end(), common.begin(), common.end());
+        testing::ChildProcess p(args, dir + "/size-" + std::to_string(++n) + ".log");
+        CHECK(p.wait_exit(90s) == std::optional<int>(1));
+        for (const auto& text : expected) CHECK_THAT(p.log(), Catch::Contains(text));
+      }
     }
   }
 }
