@@ -95,9 +95,15 @@ void validate_outer_hyper(const OuterHyper& h) {
     throw InvalidInput(detail::concat("adam_epsilon ", h.adam_epsilon, " is not > 0"));
 }
 
-MergeRecord merge_step(const FragmentState& current, std::span<const MergeInput> inputs,
-                       const MergeOptions& options, FragmentState& next) {
-  DILOCO_ENFORCE(&current != &next, "merge_step cannot write the state it reads");
+namespace {
+
+struct CheckedInputs {
+  std::vector<double> weights;  // normalised
+  float scale = 1;              // the outer gradient's scale (share, and Cgad's age factor)
+};
+
+// Every check of merge_step, before anything is written.
+CheckedInputs check_merge(const FragmentState& current, std::span<const MergeInput> inputs, const MergeOptions& options) {
   validate_outer_hyper(options.hyper);
   if (!(options.share > 0.0f && options.share <= 1.0f))
     throw InvalidInput(detail::concat("merge share ", options.share, " is not in (0, 1]"));
@@ -107,9 +113,10 @@ MergeRecord merge_step(const FragmentState& current, std::span<const MergeInput>
   const auto layout = options.tensors;
   check_tensors(current.params, layout, "state params");
   check_tensors(current.momentum, layout, "state momentum");
-  const bool keeps_state = has_outer_state(options.optimizer);
-  if (keeps_state && !current.outer_state.empty())
+  if (has_outer_state(options.optimizer) && !current.outer_state.empty())
     check_tensors(current.outer_state, layout, "state outer_state");
+  if (options.downlink.dtype != DType::F32 && !current.downlink_residual.empty())
+    check_tensors(current.downlink_residual, layout, "state downlink_residual");
 
   std::vector<double> raw(inputs.size());
   for (size_t i = 0; i < inputs.size(); ++i) {
@@ -122,81 +129,101 @@ MergeRecord merge_step(const FragmentState& current, std::span<const MergeInput>
     check_tensors(inputs[i].tensors, layout, what);
     raw[i] = ref.weight;
   }
-  const std::vector<double> weights = normalised_weights(raw);
-  float scale = options.share;
+  CheckedInputs out{.weights = normalised_weights(raw), .scale = options.share};
   if (options.optimizer == OuterOptimizerKind::Cgad) {
-    scale = static_cast<float>(static_cast<double>(options.share) *
-                               cgad_age_scale(input_refs(inputs), options.hyper.cgad_decay,
-                                              options.hyper.cgad_cutoff));
+    out.scale = static_cast<float>(static_cast<double>(options.share) *
+                                   cgad_age_scale(input_refs(inputs), options.hyper.cgad_decay,
+                                                  options.hyper.cgad_cutoff));
   }
+  return out;
+}
 
-  next.run_id = current.run_id;
-  next.fingerprint = current.fingerprint;
-  next.fragment = current.fragment;
-  next.version = current.version + 1;
-  copy_tensors(current.params, next.params);
-  copy_tensors(current.momentum, next.momentum);
+MergeRecord merge_checked(FragmentState& state, std::span<const MergeInput> inputs, const MergeOptions& options,
+                          const CheckedInputs& checked) {
+  const auto layout = options.tensors;
+  const bool keeps_state = has_outer_state(options.optimizer);
   if (!keeps_state)
-    next.outer_state.clear();
-  else if (current.outer_state.empty())
-    next.outer_state = initial_momentum(current.params);
-  else
-    copy_tensors(current.outer_state, next.outer_state);
-  next.consumed = current.consumed;
-  next.last_merge = current.last_merge;
-  next.accounted = current.accounted;
-
+    state.outer_state.clear();
+  else if (state.outer_state.empty())
+    state.outer_state = initial_momentum(state.params);  // zeros
   const bool quantized = options.downlink.dtype != DType::F32;
   if (!quantized)
-    next.downlink_residual.clear();
-  else if (current.downlink_residual.empty())
-    next.downlink_residual = initial_momentum(current.params);  // zeros
-  else
-    copy_tensors(current.downlink_residual, next.downlink_residual);
+    state.downlink_residual.clear();
+  else if (state.downlink_residual.empty())
+    state.downlink_residual = initial_momentum(state.params);  // zeros
   if (options.change) options.change->clear();
+  const uint64_t previous_version = state.version;
+  state.version = previous_version + 1;
 
+  // One tensor at a time, in place: the only buffers beyond the state are of the largest tensor.
   size_t largest = 0;
   for (const auto& spec : layout) largest = std::max(largest, static_cast<size_t>(spec.numel()));
-  std::vector<float> update(largest), sent(quantized ? largest : 0), scratch;
+  std::vector<float> update(largest), previous(quantized ? largest : 0), sent(quantized ? largest : 0), scratch;
   std::vector<std::span<const float>> deltas(inputs.size());
   for (size_t t = 0; t < layout.size(); ++t) {
     for (size_t i = 0; i < inputs.size(); ++i) deltas[i] = inputs[i].tensors[t].values;
-    const size_t n = next.params[t].values.size();
+    std::span<float> params(state.params[t].values);
+    const size_t n = params.size();
     const std::span<float> out(update.data(), n);
-    aggregate_tensor(tensor_rule(options.rule, layout[t].name), deltas, weights, out);
-    const std::span<float> state =
-        keeps_state ? std::span<float>(next.outer_state[t].values) : std::span<float>();
-    std::span<float> params(next.params[t].values);
-    outer_step(options.optimizer, options.hyper, next.version, params, next.momentum[t].values, state, out, scale);
+    aggregate_tensor(tensor_rule(options.rule, layout[t].name), deltas, checked.weights, out);
+    const std::span<float> outer = keeps_state ? std::span<float>(state.outer_state[t].values) : std::span<float>();
+    const std::span<float> before(previous.data(), quantized ? n : 0);
+    if (quantized) std::copy(params.begin(), params.end(), before.begin());
+    outer_step(options.optimizer, options.hyper, state.version, params, state.momentum[t].values, outer, out,
+               checked.scale);
     if (!quantized) continue;
     // The step's change (reusing `update`), quantized with the residual; the new version is the
     // previous one plus what is sent.
-    const std::span<const float> previous(current.params[t].values);
-    for (size_t k = 0; k < n; ++k) out[k] = params[k] - previous[k];
+    for (size_t k = 0; k < n; ++k) out[k] = params[k] - before[k];
     QuantizedTensor q = quantize_with_feedback(static_cast<uint32_t>(t), layout[t].shape, out,
-                                               next.downlink_residual[t].values, options.downlink.dtype,
+                                               state.downlink_residual[t].values, options.downlink.dtype,
                                                options.downlink.block_size, scratch, std::span<float>(sent.data(), n));
-    apply_update(previous, std::span<const float>(sent.data(), n), params);
+    apply_update(before, std::span<const float>(sent.data(), n), params);
     if (options.change) options.change->push_back(std::move(q));
   }
-  next.checksum = checksum_fp32(next.params);
+  state.checksum = checksum_fp32(state.params);
 
   MergeRecord record;
-  record.run_id = current.run_id;
-  record.fingerprint = current.fingerprint;
-  record.fragment = current.fragment;
-  record.version = next.version;
-  record.prev_version = current.version;
+  record.run_id = state.run_id;
+  record.fingerprint = state.fingerprint;
+  record.fragment = state.fragment;
+  record.version = state.version;
+  record.prev_version = previous_version;
   record.inputs.reserve(inputs.size());
   for (const auto& input : inputs) record.inputs.push_back(input.ref);
   record.rule = options.rule;
   record.optimizer = options.optimizer;
   record.hyper = options.hyper;
-  record.checksum = next.checksum;
+  record.checksum = state.checksum;
   record.share = options.share;
   record.staleness_scale = options.staleness_scale;
   record.downlink = options.downlink;
   return record;
+}
+
+}  // namespace
+
+MergeRecord merge_step_in_place(FragmentState& state, std::span<const MergeInput> inputs, const MergeOptions& options) {
+  const CheckedInputs checked = check_merge(state, inputs, options);
+  return merge_checked(state, inputs, options, checked);
+}
+
+MergeRecord merge_step(const FragmentState& current, std::span<const MergeInput> inputs,
+                       const MergeOptions& options, FragmentState& next) {
+  DILOCO_ENFORCE(&current != &next, "merge_step cannot write the state it reads");
+  const CheckedInputs checked = check_merge(current, inputs, options);
+  next.run_id = current.run_id;
+  next.fingerprint = current.fingerprint;
+  next.fragment = current.fragment;
+  next.version = current.version;
+  copy_tensors(current.params, next.params);
+  copy_tensors(current.momentum, next.momentum);
+  copy_tensors(current.outer_state, next.outer_state);
+  copy_tensors(current.downlink_residual, next.downlink_residual);
+  next.consumed = current.consumed;
+  next.last_merge = current.last_merge;
+  next.accounted = current.accounted;
+  return merge_checked(next, inputs, options, checked);
 }
 
 MergeOptions recorded_merge_options(const MergeRecord& r, std::span<const TensorSpec> tensors) {

@@ -94,4 +94,11 @@ void validate_outer_hyper(const OuterHyper& hyper);
 MergeRecord merge_step(const FragmentState& current, std::span<const MergeInput> inputs,
                        const MergeOptions& options, FragmentState& next);
 
+// The same merge written over `state` itself, tensor by tensor, with the same bits: the only
+// memory it needs beyond the state is a few buffers of the largest tensor (the merger's, which
+// keeps no second copy of a fragment). Invalid inputs throw before anything is written; after
+// that `state` is the new version (bookkeeping fields untouched), so a caller that cannot use
+// the result (not finite) must rebuild the fragment from the logs.
+MergeRecord merge_step_in_place(FragmentState& state, std::span<const MergeInput> inputs, const MergeOptions& options);
+
 }  // namespace diloco

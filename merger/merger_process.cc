@@ -39,8 +39,7 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 struct OwnedFragment {
-  FragmentState state;    // the committed version
-  FragmentState scratch;  // merge_step writes the next version here
+  FragmentState state;    // the committed version (a merge writes the next one over it)
   std::unique_ptr<FragmentMerger> merger;
   std::vector<uint8_t> params_message;  // encoded snapshot of `state`, made when first asked for
   std::vector<QuantizedTensor> change;  // merge_step's quantized change (quantized downlink)
@@ -433,23 +432,21 @@ void MergerProcess::handle_delta(ConsumedMessage record) {
 // offset of the record it is written with; it names the previous record instead (a position at
 // or before its own, where recovery starts reading: recover_partition).
 void MergerProcess::commit(uint32_t p, MergeRecord& record, bool write_state) {
+  // The bookkeeping is updated in place: if the commit fails, the loop rebuilds the fragment from
+  // the logs (as it does the parameters a merge wrote over the state).
   auto& f = owned_.at(p);
-  f.scratch.last_merge = f.state.last_merge;
-  f.scratch.accounted = f.state.accounted;
-  f.scratch.merged_bases = f.state.merged_bases;
-  f.scratch.recent = f.state.recent;
-  account(f.scratch, record);
+  account(f.state, record);
   const auto offsets = offsets_to_commit();
-  prune_recent(f.scratch, offsets);
+  prune_recent(f.state, offsets);
   std::vector<LogWrite> writes;
   writes.push_back({topics_.merges(), partition_of(p), std::to_string(p), encode_merge_record(record)});
   if (write_state) {
-    f.scratch.consumed.clear();
-    for (const auto& tp : offsets) f.scratch.consumed.push_back({tp.topic, tp.partition, tp.offset});
-    add_state_writes(writes, f.scratch);
+    f.state.consumed.clear();
+    for (const auto& tp : offsets) f.state.consumed.push_back({tp.topic, tp.partition, tp.offset});
+    add_state_writes(writes, f.state);
   }
   // The record's own position becomes the next checkpoint's starting point.
-  if (auto position = writer_->commit(writes, offsets, *consumer_, true)) f.scratch.last_merge = *position;
+  if (auto position = writer_->commit(writes, offsets, *consumer_, true)) f.state.last_merge = *position;
   // Chunked deltas wholly below the committed offsets can no longer hold them back.
   for (const auto& tp : offsets) {
     auto spans = spans_.find({tp.topic, tp.partition});
@@ -483,9 +480,16 @@ void MergerProcess::merge(uint32_t p, const std::vector<std::string>& live) {
                        .downlink = downlink_codec(o_.config), .change = &f.change};
   const bool share_scaling = o_.config.merger.share_scaling;
   set_merge_share(options, plan.inputs, share_scaling ? live.size() : 0, share_scaling);
-  MergeRecord record = merge_step(f.state, plan.inputs, options, f.scratch);
-  if (auto bad = first_non_finite(f.scratch)) {
+  const uint64_t version = f.state.version;
+  const uint64_t checksum = f.state.checksum;
+  // In place: a fragment is held once (no second copy to write the next version into).
+  MergeRecord record = merge_step_in_place(f.state, plan.inputs, options);
+  if (auto bad = first_non_finite(f.state)) {
+    f.state.version = version;
+    f.state.checksum = checksum;
     abandon_merge(p, plan, "the merge result is not finite (" + *bad + "): nothing of it was applied");
+    // Its parameters were overwritten: rebuild them (and every owned fragment) from the logs.
+    request_recovery(true);
     return;
   }
   record.dropped = std::move(plan.dropped);
@@ -494,7 +498,6 @@ void MergerProcess::merge(uint32_t p, const std::vector<std::string>& live) {
   record.merge_time_us = unix_us();
   bool checkpoint = record.version % o_.config.merger.checkpoint_every == 0;
   commit(p, record, checkpoint);
-  std::swap(f.state, f.scratch);
   f.params_message.clear();
   auto late_drops = f.merger->merge_committed(f.state.version);
   for (const auto& d : late_drops) metrics_.add("deltas_dropped_total", 1, {{"reason", drop_reason_name(d.reason)}});
@@ -539,9 +542,6 @@ void MergerProcess::abandon_merge(uint32_t p, MergePlan& plan, const std::string
   for (auto& d : f.merger->merge_abandoned(reason, now())) dropped.push_back(std::move(d));
   MergeRecord record = accounting_record(p, std::move(dropped));
   commit(p, record, false);
-  // Only the bookkeeping of the record is kept; scratch's parameters are thrown away.
-  f.state.accounted = f.scratch.accounted;
-  f.state.recent = f.scratch.recent;
   metrics_.add("merges_abandoned_total", 1);
   for (const auto& d : record.dropped) metrics_.add("deltas_dropped_total", 1, {{"reason", drop_reason_name(d.reason)}});
   std::cerr << "merger " << o_.instance_id << ": fragment " << p << ": " << reason << "\n";

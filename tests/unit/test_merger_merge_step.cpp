@@ -551,3 +551,63 @@ TEST_CASE("with a quantized downlink the new version is the previous one plus wh
   CHECK(plain.downlink_residual.empty());
   CHECK(change.empty());
 }
+
+TEST_CASE("merge_step_in_place gives merge_step's bits for every rule, optimizer and downlink", "[merger]") {
+  const MergeRule rules[] = {MergeRule::RadialDirectional, MergeRule::WeightedAverage};
+  const OuterOptimizerKind optimizers[] = {OuterOptimizerKind::Nesterov, OuterOptimizerKind::Sgd,
+                                           OuterOptimizerKind::DelayedNesterov, OuterOptimizerKind::Cgad};
+  const DownlinkCodec downlinks[] = {{.dtype = DType::F32, .block_size = 0}, {.dtype = DType::INT4, .block_size = 4},
+                                     {.dtype = DType::INT8, .block_size = 3}};
+  for (MergeRule rule : rules)
+    for (OuterOptimizerKind optimizer : optimizers)
+      for (const DownlinkCodec& downlink : downlinks) {
+        INFO("rule " << static_cast<int>(rule) << " optimizer " << static_cast<int>(optimizer) << " downlink "
+                     << dtype_name(downlink.dtype));
+        std::mt19937 rng(41);
+        FragmentState copied = genesis(rng), in_place = copied, spare;
+        MergeOptions o = options(rule, optimizer);
+        o.downlink = downlink;
+        std::vector<QuantizedTensor> change_copied, change_in_place;
+        for (int step = 0; step < 3; ++step) {
+          const uint64_t v = copied.version;
+          const std::vector<TestDelta> round{make_delta(rng, "a", 10 + step, v, v, 2),
+                                             make_delta(rng, "b", 20 + step, v - 1, v, 5)};
+          o.change = &change_copied;
+          const MergeRecord r1 = merge_step(copied, inputs_of(round), o, spare);
+          std::swap(copied, spare);
+          o.change = &change_in_place;
+          const MergeRecord r2 = merge_step_in_place(in_place, inputs_of(round), o);
+          CHECK(r1.checksum == r2.checksum);
+          CHECK(r1.version == r2.version);
+          CHECK(r1.prev_version == r2.prev_version);
+          CHECK(in_place.version == copied.version);
+          CHECK(change_copied.size() == change_in_place.size());
+          for (size_t t = 0; t < std::min(change_copied.size(), change_in_place.size()); ++t)
+            CHECK(change_copied[t].payload == change_in_place[t].payload);
+        }
+        CHECK(same_bits(in_place.params, copied.params));
+        CHECK(same_bits(in_place.momentum, copied.momentum));
+        CHECK(same_bits(in_place.outer_state, copied.outer_state));
+        CHECK(same_bits(in_place.downlink_residual, copied.downlink_residual));
+        CHECK(in_place.checksum == copied.checksum);
+      }
+}
+
+TEST_CASE("merge_step_in_place refuses inputs that do not fit before it writes anything", "[merger]") {
+  std::mt19937 rng(43);
+  FragmentState state = genesis(rng);
+  const FragmentState before = state;
+  MergeOptions o = options();
+  o.downlink = {.dtype = DType::INT4, .block_size = 4};
+  // A staleness that does not fit the version, then a tensor of the wrong shape.
+  std::vector<TestDelta> bad{make_delta(rng, "a", 1, 5, 5, 1), make_delta(rng, "b", 2, 4, 5, 1)};
+  bad[1].ref.staleness = 3;
+  CHECK_THROWS_AS(merge_step_in_place(state, inputs_of(bad), o), InvalidInput);
+  bad[1].ref.staleness = 1;
+  bad[1].tensors[0].values.pop_back();
+  CHECK_THROWS_AS(merge_step_in_place(state, inputs_of(bad), o), InvalidInput);
+  CHECK(state.version == before.version);
+  CHECK(same_bits(state.params, before.params));
+  CHECK(same_bits(state.momentum, before.momentum));
+  CHECK(state.downlink_residual.empty());
+}
