@@ -185,7 +185,7 @@ void ParamInbox::run() {
       auto h = held.find(p);
       if (h != held.end() && (params.version < h->second.version ||
                               (params.version == h->second.version && params.checksum == h->second.checksum))) {
-        metrics_.add("params_already_held_total", 1);  // a snapshot answering another subscriber
+        metrics_.add("params_already_held_total", 1);  // a duplicate, or the optional republish
         continue;
       }
       const bool update = params.update;
