@@ -8,6 +8,9 @@
 #include <cstdlib>
 #include <memory>
 #include <random>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
 
 #include "core/codec/chunk.h"
 #include "core/fragments/message_budget.h"
@@ -388,4 +391,24 @@ TEST_CASE("chunked deltas: whole ones merge, a lost, a duplicated and a tampered
   size_t merged = 0;
   for (const auto& [offset, f] : fate) merged += f == "merged";
   CHECK(merged >= 1);
+
+  // diloco-replay list shows each broken piece as a rejected row with its reason.
+  std::vector<std::string> args = {DILOCO_BINARY_DIR "/bin/diloco-replay", "-c", testing::tiny_config_path(),
+                                   "--bootstrap", r.kafka.bootstrap_servers};
+  args.insert(args.end(), r.sets.begin(), r.sets.end());
+  args.insert(args.end(), {"list", "--json"});
+  testing::ChildProcess list(args, r.dir + "/list.log");
+  auto code = list.wait_exit(120s);
+  INFO(list.log());
+  REQUIRE(code == std::optional<int>(0));
+  std::map<int64_t, std::string> listed;  // offset -> reason of rejected rows
+  std::istringstream lines(list.log());
+  for (std::string line; std::getline(lines, line);)
+    if (!line.empty() && line[0] == '{') {
+      const auto row = nlohmann::json::parse(line);
+      if (row.value("fate", "") == "rejected") listed[row["offset"].get<int64_t>()] = row.value("reason", "");
+    }
+  CHECK(listed[offset_of(b1_head)] == "chunk_missing");
+  CHECK(listed[offset_of(c_duplicate)] == "chunk_duplicate");
+  CHECK(listed[offset_of(d_head)] == "chunk_mismatch");
 }

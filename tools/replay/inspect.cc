@@ -259,24 +259,37 @@ void list_deltas(const ReplayRun& run, const ListOptions& o, std::ostream& out) 
     std::cerr << "diloco-replay: skipping the merge record at " << describe(p) << ": " << why << "\n";
   });
   if (!o.json) print_table_header(out);
-  // Chunked deltas are listed whole, at their first piece (pieces of a message begun before the
-  // listed range are left out).
-  ChunkAssembler chunks(run.limits(), [](const ConsumedMessage&) { return true; });
+  auto emit = [&](const nlohmann::json& row) {
+    if (!selected(row, o)) return;
+    if (o.json)
+      out << row.dump() << "\n";
+    else
+      print_row(row, out);
+  };
+  // Chunked deltas are listed whole, at their first piece; pieces that make no whole message
+  // (lost, repeated or foreign pieces, or the tail of a message begun before the listed range)
+  // are listed as rejected rows with the reason.
+  auto problem_rows = [&](const std::vector<ChunkProblem>& problems) {
+    for (const auto& p : problems) {
+      nlohmann::json row{{"topic", p.position.topic}, {"partition", p.position.partition},
+                         {"offset", p.position.offset}, {"wire_bytes", p.payload_size}};
+      row.update(rejection_json(Rejection(p.reason, p.detail)));
+      emit(row);
+    }
+  };
+  ChunkAssembler chunks(run.limits());
   read_ranges(
       run.kafka, ranges,
       [&](const ConsumedMessage& piece) {
-        auto whole = chunks.add(piece).message;
-        if (!whole) return;
-        const ConsumedMessage& m = *whole;
+        auto result = chunks.add(piece);
+        problem_rows(result.problems);
+        if (!result.message) return;
+        const ConsumedMessage& m = *result.message;
         if ((o.since_ms && m.timestamp_ms < *o.since_ms) || (o.until_ms && m.timestamp_ms > *o.until_ms)) return;
-        nlohmann::json row = delta_row(run, m, fates);
-        if (!selected(row, o)) return;
-        if (o.json)
-          out << row.dump() << "\n";
-        else
-          print_row(row, out);
+        emit(delta_row(run, m, fates));
       },
       run.timeout_ms);
+  problem_rows(chunks.finish());
 }
 
 void show(const ReplayRun& run, const ShowOptions& o, std::ostream& out) {
