@@ -9,18 +9,22 @@
 # Throughput: a fresh run (region r0, 4 partitions) is pre-filled by bench-produce_deltas with
 # --rounds rounds of --learners fake learners for each of the model's 4 fragments (int4 deltas of
 # the config's real model and layout, see bench/produce_deltas.cc), then the merger(s) start with
-# merger.quorum = --learners and drain the backlog. Each delta of round r has base version r, so
-# every merge takes exactly one delta of each fake learner, at staleness 0, and every delta is
-# merged (the script checks that the merged inputs add up to the deltas produced). Rates are taken
-# from the mergers' metrics.jsonl over the window in which every instance is merging in steady
-# state: from each instance's first merge after its last assignment (that first merge, which
-# carries the transaction start-up, is excluded) to the earliest last merge of the instances.
+# merger.quorum = --learners and drain the backlog. Every delta is on version 0 from a learner
+# that sends only it (bench-produce_deltas --bases genesis): a backlog whose deltas named the
+# versions 1, 2, ... would be dropped as "base from the future" by a merger that has not made them
+# yet. A merger that is behind reads on before it merges (MergerTimeouts::catch_up_ms), so a merge
+# takes every pending delta of its fragment: many inputs per merge, not K. The script checks that
+# the merged inputs add up to the deltas produced. Rates are taken from the mergers'
+# metrics.jsonl: "steady" over the window in which every instance is merging (from each
+# instance's first merge after its last assignment, that first merge, which carries the
+# transaction start-up, excluded, to the earliest last merge of the instances), and "drain" from
+# the last assignment of any instance to the last merge.
 # MB/s = 10^6 bytes of fp32 delta values (fragment size x 4 bytes) merged per second: decode,
 # checks, merge arithmetic, outer step, transaction (merge record, a checkpoint every
 # merger.checkpoint_every versions, offsets) and the ZeroMQ publish of the new fragment included.
 # Cases (--cases, instances:quorum): 1 instance with quorum K, 2 instances with quorum K, 1
-# instance with quorum 1 (one transaction per delta: the worst case for commit overhead; it drains
-# a third of the rounds). DILOCO_BIN=dir runs the binaries of another build.
+# instance with quorum 1 (before the catch-up reading this made one transaction per delta; now it
+# too merges what is pending; it drains a third of the rounds). DILOCO_BIN=dir runs the binaries of another build.
 #
 # Failover: 2 instances (--session-timeout-ms from --timeouts, one case each), a steady stream of
 # rounds (one every --pace seconds), both instances merging; then kill -9 of one instance and the
@@ -157,8 +161,22 @@ for name, i in inst.items():
     rec = [r for r in i["recovered"] if r["time_us"] <= i["start"]]
     print(f"  {name}: partitions {i['partitions']} after {len(i['assigned'])} assignment(s); steady window {t:.2f} s: "
           f"{n} deltas, {n / t:.1f} deltas/s, {(len(s) - 1) / t:.1f} merges/s, {b / t / 1e6:.1f} MB/s fp32")
-print(f"  together (window where every instance merges, {secs:.2f} s): {deltas} deltas, {deltas / secs:.1f} deltas/s, "
-      f"{len(win) / secs:.1f} merges/s, {fp32 / secs / 1e6:.1f} MB/s fp32 ({deltas * wire / secs / 1e6:.1f} MB/s on the wire)")
+if secs > 0 and win:
+    print(f"  together (window where every instance merges, {secs:.2f} s): {deltas} deltas, {deltas / secs:.1f} deltas/s, "
+          f"{len(win) / secs:.1f} merges/s, {fp32 / secs / 1e6:.1f} MB/s fp32 ({deltas * wire / secs / 1e6:.1f} MB/s on the wire)")
+else:
+    print("  together: n/a (the instances' steady windows do not overlap)")
+# Drain: from the last assignment of any instance (recovery included) to the last merge, every
+# delta merged after it; a merger behind reads on before it merges, so merges take many inputs.
+drain_start = max(i["assigned"][-1]["time_us"] for i in inst.values())
+after = [m for m in all_merges if m["time_us"] > drain_start]
+drain_secs = (t_last - drain_start) / 1e6
+drained = sum(len(m["inputs"]) for m in after)
+drained_fp32 = sum(len(m["inputs"]) * frag_bytes[m["fragment"]] for m in after)
+if drain_secs > 0 and after:
+    print(f"  drain (last assignment to last merge, {drain_secs:.2f} s): {drained} deltas in {len(after)} merges "
+          f"({drained / len(after):.1f} inputs per merge): {drained / drain_secs:.1f} deltas/s, "
+          f"{drained_fp32 / drain_secs / 1e6:.1f} MB/s fp32 ({drained * wire / drain_secs / 1e6:.1f} MB/s on the wire)")
 print(f"  end to end (first process start to last merge, recovery and rebalances included): {(t_last - t0) / 1e6:.2f} s; "
       f"merger CPU seconds {' + '.join(cpu)}; broker CPU {broker_cpu:.1f} s over the same time "
       f"({broker_cpu / len(all_merges) * 1e3:.1f} ms per merge; other users of the broker included)")

@@ -6,12 +6,18 @@
 //                        [--region r0] [--pace 0] [--summary FILE]
 //
 // Round r (r = 0, 1, ...) sends, for every fragment p and every fake learner m = 0..K-1 in that
-// order, one delta of fragment p with base version r. With merger.quorum=K and no learner
-// heartbeats (so the grace window is 0) the merger merges fragment p exactly when the K-th delta
-// of a round arrives: version r -> r+1, every delta is merged (staleness 0), none is dropped. With
-// merger.quorum=1 every delta is merged alone (one transaction per delta) with staleness up to
-// K-1, still none dropped (max_staleness unlimited). A fragment lives in one partition of the one
-// region topic, so the merger reads the rounds in order.
+// order, one delta of fragment p. Its base (--bases):
+// - genesis (the default): every delta is on version 0, and each round's K learners are new ones
+//   (ids fake-<m>-r<r>), as if every learner joined, sent one delta and left. No delta names a
+//   version that does not exist yet, however far the merger is behind, so a backlog of any size
+//   is valid: with merger.quorum=K and no learner heartbeats (so the grace window is 0) the merger
+//   merges fragment p exactly when the K-th delta of a round arrives (version r -> r+1, staleness
+//   r, all K of equal weight), every delta is merged and none is dropped (max_staleness unlimited).
+//   With merger.quorum=1 every delta is merged alone (one transaction per delta).
+// - rounds: round r is on version r, from learners fake-<m>. Valid only while the merger keeps up:
+//   the merger drops a delta whose base it has not made yet ("base from the future").
+// A fragment lives in one partition of the one region topic, so the merger reads the rounds in
+// order.
 //
 // Delta values are gaussian (stddev 1e-3, seeded, one set per learner and fragment, reused every
 // round), quantized and encoded with the run's codec settings exactly as a learner encodes them
@@ -52,7 +58,13 @@ int main(int argc, char** argv) {
   app.add_option("-c,--config", config_file, "run config (TOML)")->required()->check(CLI::ExistingFile);
   app.add_option("-s,--set", overrides, "override a config value: section.key=value (repeatable)");
   app.add_option("--learners", learners, "fake learners K (deltas per fragment per round)")->capture_default_str();
-  app.add_option("--rounds", rounds, "rounds to send (base versions 0 .. rounds-1)")->capture_default_str();
+  app.add_option("--rounds", rounds, "rounds to send")->capture_default_str();
+  std::string bases = "genesis";
+  app.add_option("--bases", bases,
+                 "genesis: every delta on version 0, new learners each round (a valid backlog of any size); "
+                 "rounds: round r on version r (valid only while the merger keeps up)")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"genesis", "rounds"}));
   app.add_option("--region", region, "region: deltas go to diloco.<run>.deltas.<region>")->capture_default_str();
   app.add_option("--pace", pace, "seconds between two rounds (0: as fast as the broker takes them)")->capture_default_str();
   app.add_option("--bootstrap", bootstrap, "Kafka bootstrap servers")->capture_default_str();
@@ -108,9 +120,10 @@ int main(int argc, char** argv) {
       auto round_start = std::chrono::steady_clock::now();
       for (uint32_t p = 0; p < P; ++p)
         for (uint32_t m = 0; m < learners; ++m) {
+          const bool genesis = bases == "genesis";
           DeltaHeader h{.run_id = config.run.id, .fingerprint = layout.fingerprint,
-                        .learner_id = "fake-" + std::to_string(m), .region = region, .fragment = p,
-                        .seq = seq0 + round, .base_version = round, .inner_steps = inner_steps, .tokens = tokens,
+                        .learner_id = "fake-" + std::to_string(m) + (genesis ? "-r" + std::to_string(round) : ""),
+                        .region = region, .fragment = p, .seq = seq0 + round, .base_version = genesis ? 0 : round, .inner_steps = inner_steps, .tokens = tokens,
                         .learner_step = (round + 1) * inner_steps, .train_loss = 2.0f, .send_time_us = unix_us()};
           auto e0 = std::chrono::steady_clock::now();
           auto bytes = encode_delta(h, std::span<const DenseTensor>(values[m][p]), codec);

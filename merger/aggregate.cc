@@ -13,28 +13,48 @@ constexpr double kNoDirection = 1e-30;
 // Directions whose weighted sum is shorter than this fraction of their weight have cancelled.
 constexpr double kCancelled = 1e-5;
 
+// Elements per unit of element-wise work: any value gives the same bits.
+constexpr size_t kElementGrain = kNormBlock;
+
 // out = sum_i coefficients[i] * deltas[i], one fp32 multiply-add per input and element, inputs
-// in order: a plain contiguous loop per input.
+// in order: a plain contiguous loop per input, over ranges of the tensor.
 void weighted_sum(std::span<const std::span<const float>> deltas,
-                  std::span<const float> coefficients, std::span<float> out) {
-  float* o = out.data();
-  const size_t n = out.size();
-  {
-    const float* x = deltas[0].data();
-    const float c = coefficients[0];
-    for (size_t k = 0; k < n; ++k) o[k] = c * x[k];
-  }
-  for (size_t i = 1; i < deltas.size(); ++i) {
-    const float* x = deltas[i].data();
-    const float c = coefficients[i];
-    for (size_t k = 0; k < n; ++k) o[k] += c * x[k];
-  }
+                  std::span<const float> coefficients, std::span<float> out, const MergeWork& work) {
+  for_ranges(work.pool, out.size(), kElementGrain, [&](size_t, size_t begin, size_t end) {
+    float* o = out.data();
+    {
+      const float* x = deltas[0].data();
+      const float c = coefficients[0];
+      for (size_t k = begin; k < end; ++k) o[k] = c * x[k];
+    }
+    for (size_t i = 1; i < deltas.size(); ++i) {
+      const float* x = deltas[i].data();
+      const float c = coefficients[i];
+      for (size_t k = begin; k < end; ++k) o[k] += c * x[k];
+    }
+  });
 }
 
 void weighted_average(std::span<const std::span<const float>> deltas,
-                      std::span<const double> weights, std::span<float> out) {
+                      std::span<const double> weights, std::span<float> out, const MergeWork& work) {
   std::vector<float> coefficients(weights.begin(), weights.end());
-  weighted_sum(deltas, coefficients, out);
+  weighted_sum(deltas, coefficients, out, work);
+}
+
+// sum_k x[k]^2 in double over kLanes independent lanes (so the compiler vectorizes without
+// reordering any single sum), the lanes then added in order.
+double sum_squares(std::span<const float> x) {
+  constexpr size_t kLanes = 8;
+  double lanes[kLanes] = {};
+  const float* p = x.data();
+  const size_t n = x.size();
+  size_t k = 0;
+  for (; k + kLanes <= n; k += kLanes)
+    for (size_t j = 0; j < kLanes; ++j) lanes[j] += static_cast<double>(p[k + j]) * p[k + j];
+  for (; k < n; ++k) lanes[0] += static_cast<double>(p[k]) * p[k];
+  double sum = 0;
+  for (double lane : lanes) sum += lane;
+  return sum;
 }
 
 }  // namespace
@@ -62,28 +82,26 @@ std::vector<double> normalised_weights(std::span<const double> raw) {
   return out;
 }
 
-double l2_norm(std::span<const float> x) {
-  // Independent lanes let the compiler vectorize without reordering any single sum.
-  constexpr size_t kLanes = 8;
-  double lanes[kLanes] = {};
-  const float* p = x.data();
-  const size_t n = x.size();
-  size_t k = 0;
-  for (; k + kLanes <= n; k += kLanes)
-    for (size_t j = 0; j < kLanes; ++j) lanes[j] += static_cast<double>(p[k + j]) * p[k + j];
-  for (; k < n; ++k) lanes[0] += static_cast<double>(p[k]) * p[k];
+double l2_norm(std::span<const float> x) { return std::sqrt(sum_squares(x)); }
+
+double l2_norm(std::span<const float> x, const MergeWork& work) {
+  const size_t block = work.norm_block;
+  if (block == 0 || x.size() <= block) return l2_norm(x);
+  std::vector<double> partial(range_count(x.size(), block));
+  for_ranges(work.pool, x.size(), block,
+             [&](size_t k, size_t begin, size_t end) { partial[k] = sum_squares(x.subspan(begin, end - begin)); });
   double sum = 0;
-  for (double lane : lanes) sum += lane;
+  for (double p : partial) sum += p;
   return std::sqrt(sum);
 }
 
 void aggregate_tensor(MergeRule rule, std::span<const std::span<const float>> deltas,
-                      std::span<const double> weights, std::span<float> out) {
+                      std::span<const double> weights, std::span<float> out, const MergeWork& work) {
   DILOCO_ENFORCE(!deltas.empty(), "nothing to aggregate");
   DILOCO_ENFORCE_EQ(deltas.size(), weights.size());
   for (const auto& d : deltas) DILOCO_ENFORCE_EQ(d.size(), out.size());
 
-  if (rule == MergeRule::WeightedAverage) return weighted_average(deltas, weights, out);
+  if (rule == MergeRule::WeightedAverage) return weighted_average(deltas, weights, out, work);
   DILOCO_ENFORCE(rule == MergeRule::RadialDirectional, "unknown merge rule ",
                  static_cast<int>(rule));
 
@@ -92,21 +110,23 @@ void aggregate_tensor(MergeRule rule, std::span<const std::span<const float>> de
   size_t directed = 0;
   std::vector<float> coefficients(deltas.size(), 0.0f);
   for (size_t i = 0; i < deltas.size(); ++i) {
-    const double norm = l2_norm(deltas[i]);
+    const double norm = l2_norm(deltas[i], work);
     mean_norm += weights[i] * norm;
     if (norm <= kNoDirection || weights[i] == 0) continue;
     coefficients[i] = static_cast<float>(weights[i] / norm);
     directed_weight += weights[i];
     ++directed;
   }
-  if (directed <= 1) return weighted_average(deltas, weights, out);
+  if (directed <= 1) return weighted_average(deltas, weights, out, work);
 
-  weighted_sum(deltas, coefficients, out);
-  const double direction_norm = l2_norm(out);
+  weighted_sum(deltas, coefficients, out, work);
+  const double direction_norm = l2_norm(out, work);
   if (direction_norm <= kCancelled * directed_weight)
-    return weighted_average(deltas, weights, out);
+    return weighted_average(deltas, weights, out, work);
   const float scale = static_cast<float>(mean_norm / direction_norm);
-  for (float& v : out) v *= scale;
+  for_ranges(work.pool, out.size(), kElementGrain, [&](size_t, size_t begin, size_t end) {
+    for (size_t k = begin; k < end; ++k) out[k] *= scale;
+  });
 }
 
 }  // namespace diloco

@@ -7,8 +7,10 @@
 // more about which tokens a learner saw than about how far it moved.
 //
 // Determinism: deltas are combined in the order given, element by element in fp32 (the parameters'
-// precision), and norms are summed in double over a fixed number of lanes in a fixed order; no
-// threads. The same inputs give the same bits on the same build.
+// precision), and norms are summed in double over a fixed number of lanes in a fixed order, per
+// range of MergeWork::norm_block elements, the ranges' sums then added in range order. Threads
+// (MergeWork::pool) take whole ranges, so the same inputs give the same bits on the same build
+// whatever the number of threads.
 #pragma once
 
 #include <span>
@@ -16,8 +18,21 @@
 #include <vector>
 
 #include "core/codec/messages.h"
+#include "core/parallel.h"
 
 namespace diloco {
+
+// How a merge divides its arithmetic. norm_block is part of the result (recorded in the merge
+// record): 0 sums a norm over the whole tensor at once (the records before the field), otherwise
+// per range of norm_block elements. pool only says who computes the ranges (null: the caller).
+struct MergeWork {
+  WorkPool* pool = nullptr;
+  uint32_t norm_block = 0;
+};
+
+// The norm_block of new merges: 64 Ki elements (256 KiB of fp32), a unit of work large enough to
+// hide a thread hand-off and small enough to share a 1M-element tensor between 16 threads.
+inline constexpr uint32_t kNormBlock = 1u << 16;
 
 // Tensors named "...embedding" ("token_embedding", "position_embedding").
 bool is_embedding(std::string_view tensor_name);
@@ -30,8 +45,10 @@ MergeRule tensor_rule(MergeRule rule, std::string_view tensor_name);
 // delta that counts.
 std::vector<double> normalised_weights(std::span<const double> raw);
 
-// Euclidean norm of `x`, accumulated in double (fixed order, see above).
+// Euclidean norm of `x`, accumulated in double (fixed order, see above); without `work`, one sum
+// over the whole span.
 double l2_norm(std::span<const float> x);
+double l2_norm(std::span<const float> x, const MergeWork& work);
 
 // Writes the aggregate of `deltas` (one tensor of each input, in merge order, all of out's size)
 // with normalised `weights` (one per delta) into `out`. RDA details: a delta of (near) zero norm
@@ -41,6 +58,6 @@ double l2_norm(std::span<const float> x);
 // back to the weighted average, since rescaling a near-zero sum would blow up rounding noise.
 // Throws InternalError on mismatched sizes or an empty input list.
 void aggregate_tensor(MergeRule rule, std::span<const std::span<const float>> deltas,
-                      std::span<const double> weights, std::span<float> out);
+                      std::span<const double> weights, std::span<float> out, const MergeWork& work = {});
 
 }  // namespace diloco

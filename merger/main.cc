@@ -29,6 +29,7 @@ int main(int argc, char** argv) {
   app.add_option("--run-dir", o.run_dir, "folder for metrics.jsonl (created if missing; empty: no file)");
   app.add_option("--metrics-port", o.metrics_port, "serve Prometheus metrics on 127.0.0.1:PORT/metrics (0: off)")->capture_default_str();
   app.add_option("--session-timeout-ms", o.session_timeout_ms, "consumer-group session timeout: how fast a dead instance's fragments move")->capture_default_str();
+  app.add_option("--merge-threads", o.merge_threads, "threads that share each merge's arithmetic (0: one per core); any number gives the same bits")->capture_default_str()->check(CLI::Range(0u, 256u));
   CLI11_PARSE(app, argc, argv);
   o.kafka.bootstrap_servers = bootstrap;
   install_stop_handlers();

@@ -110,6 +110,10 @@ CheckedInputs check_merge(const FragmentState& current, std::span<const MergeInp
   if (!(options.staleness_scale > 0.0f && options.staleness_scale <= 1.0f))
     throw InvalidInput(
         detail::concat("staleness scale ", options.staleness_scale, " is not in (0, 1]"));
+  if (const uint32_t b = options.norm_block;
+      b != 0 && (b < kMinNormBlock || b > kMaxNormBlock || (b & (b - 1)) != 0))
+    throw InvalidInput(detail::concat("norm_block ", b, " is neither 0 nor a power of two in [",
+                                      kMinNormBlock, ", ", kMaxNormBlock, "]"));
   const auto layout = options.tensors;
   check_tensors(current.params, layout, "state params");
   check_tensors(current.momentum, layout, "state momentum");
@@ -156,30 +160,43 @@ MergeRecord merge_checked(FragmentState& state, std::span<const MergeInput> inpu
   state.version = previous_version + 1;
 
   // One tensor at a time, in place: the only buffers beyond the state are of the largest tensor.
+  // Within a tensor, ranges of whole downlink blocks go to the pool's threads.
   size_t largest = 0;
   for (const auto& spec : layout) largest = std::max(largest, static_cast<size_t>(spec.numel()));
-  std::vector<float> update(largest), previous(quantized ? largest : 0), sent(quantized ? largest : 0), scratch;
+  std::vector<float> update(largest), previous(quantized ? largest : 0), sent(quantized ? largest : 0);
   std::vector<std::span<const float>> deltas(inputs.size());
+  const MergeWork work{.pool = options.pool, .norm_block = options.norm_block};
+  const size_t align = feedback_alignment(options.downlink.dtype, options.downlink.block_size);
+  const size_t grain = std::max<size_t>(1, kNormBlock / align) * align;
   for (size_t t = 0; t < layout.size(); ++t) {
     for (size_t i = 0; i < inputs.size(); ++i) deltas[i] = inputs[i].tensors[t].values;
-    std::span<float> params(state.params[t].values);
+    const std::span<float> params(state.params[t].values);
     const size_t n = params.size();
     const std::span<float> out(update.data(), n);
-    aggregate_tensor(tensor_rule(options.rule, layout[t].name), deltas, checked.weights, out);
+    aggregate_tensor(tensor_rule(options.rule, layout[t].name), deltas, checked.weights, out, work);
     const std::span<float> outer = keeps_state ? std::span<float>(state.outer_state[t].values) : std::span<float>();
-    const std::span<float> before(previous.data(), quantized ? n : 0);
-    if (quantized) std::copy(params.begin(), params.end(), before.begin());
-    outer_step(options.optimizer, options.hyper, state.version, params, state.momentum[t].values, outer, out,
-               checked.scale);
-    if (!quantized) continue;
-    // The step's change (reusing `update`), quantized with the residual; the new version is the
-    // previous one plus what is sent.
-    for (size_t k = 0; k < n; ++k) out[k] = params[k] - before[k];
-    QuantizedTensor q = quantize_with_feedback(static_cast<uint32_t>(t), layout[t].shape, out,
-                                               state.downlink_residual[t].values, options.downlink.dtype,
-                                               options.downlink.block_size, scratch, std::span<float>(sent.data(), n));
-    apply_update(before, std::span<const float>(sent.data(), n), params);
-    if (options.change) options.change->push_back(std::move(q));
+    const std::span<float> momentum(state.momentum[t].values);
+    QuantizedTensor q;
+    if (quantized)
+      q = feedback_result(static_cast<uint32_t>(t), layout[t].shape, options.downlink.dtype,
+                          options.downlink.block_size);
+    for_ranges(options.pool, n, grain, [&](size_t, size_t b, size_t e) {
+      const size_t len = e - b;
+      const std::span<float> p = params.subspan(b, len);
+      const std::span<float> before = quantized ? std::span<float>(previous).subspan(b, len) : std::span<float>();
+      if (quantized) std::copy(p.begin(), p.end(), before.begin());
+      outer_step(options.optimizer, options.hyper, state.version, p, momentum.subspan(b, len),
+                 keeps_state ? outer.subspan(b, len) : std::span<float>(), out.subspan(b, len), checked.scale);
+      if (!quantized) return;
+      // The step's change (reusing `update`), quantized with the residual; the new version is the
+      // previous one plus what is sent.
+      for (size_t k = b; k < e; ++k) out[k] = params[k] - previous[k];
+      thread_local std::vector<float> scratch;
+      feedback_range(q, out.first(n), state.downlink_residual[t].values, std::span<float>(sent.data(), n), b, e,
+                     scratch);
+      apply_update(before, std::span<const float>(sent.data() + b, len), p);
+    });
+    if (options.change && quantized) options.change->push_back(std::move(q));
   }
   state.checksum = checksum_fp32(state.params);
 
@@ -198,6 +215,7 @@ MergeRecord merge_checked(FragmentState& state, std::span<const MergeInput> inpu
   record.share = options.share;
   record.staleness_scale = options.staleness_scale;
   record.downlink = options.downlink;
+  record.norm_block = options.norm_block;
   return record;
 }
 
@@ -228,7 +246,8 @@ MergeRecord merge_step(const FragmentState& current, std::span<const MergeInput>
 
 MergeOptions recorded_merge_options(const MergeRecord& r, std::span<const TensorSpec> tensors) {
   return MergeOptions{.rule = r.rule, .optimizer = r.optimizer, .hyper = r.hyper, .tensors = tensors,
-                      .share = r.share, .staleness_scale = r.staleness_scale, .downlink = r.downlink};
+                      .share = r.share, .staleness_scale = r.staleness_scale, .downlink = r.downlink,
+                      .norm_block = r.norm_block};
 }
 
 }  // namespace diloco

@@ -5,14 +5,17 @@
 //
 // Per tensor, in layout order: weights normalised to sum 1 -> aggregate (aggregate.h, with the
 // tensor's rule) -> outer optimizer step (outer_optimizer.h) -> with a quantized downlink, the
-// step's change quantized with error feedback and applied to the previous version (below). No
-// threads, fixed order, fp32.
+// step's change quantized with error feedback and applied to the previous version (below). Fixed
+// order, fp32. A tensor's work is divided into fixed ranges (aggregate.h's MergeWork) that the
+// threads of MergeOptions::pool share; the division, and so every bit, is the same for any number
+// of threads.
 #pragma once
 
 #include <span>
 
 #include "core/codec/messages.h"
 #include "core/fragments/layout.h"
+#include "merger/aggregate.h"
 
 namespace diloco {
 
@@ -49,10 +52,15 @@ struct MergeOptions {
   // Out, optional: the quantized change of every tensor (a quantized downlink only; cleared
   // otherwise), for the update message.
   std::vector<QuantizedTensor>* change = nullptr;
+  // How norms are summed (aggregate.h; recorded): new merges use kNormBlock, a rebuilt one its
+  // record's value. 0 or a power of two in [kMinNormBlock, kMaxNormBlock].
+  uint32_t norm_block = kNormBlock;
+  // Threads that share the arithmetic (not recorded: they change no bit); null = the caller's.
+  WorkPool* pool = nullptr;
 };
 
 // The options a merge record was made with (rule, optimizer, hyper, share, staleness scale,
-// downlink), for rebuilding it.
+// downlink, norm_block), for rebuilding it.
 MergeOptions recorded_merge_options(const MergeRecord& record, std::span<const TensorSpec> tensors);
 
 // The share of a round a merge of these inputs applies while `live` learners are live: distinct

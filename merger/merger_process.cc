@@ -80,7 +80,8 @@ class MergerProcess : public RebalanceListener {
     return run_decode_limits(o_.config, setup_.layout);
   }
   LogContext log_context() const {
-    return LogContext{.kafka = o_.kafka, .topics = topics_, .config = &o_.config, .setup = &setup_, .limits = limits()};
+    return LogContext{.kafka = o_.kafka, .topics = topics_, .config = &o_.config, .setup = &setup_, .limits = limits(),
+                      .pool = &pool_};
   }
   std::vector<uint32_t> fragments_of(int32_t partition) const;
   InputBounds input_bounds() const {
@@ -127,6 +128,7 @@ class MergerProcess : public RebalanceListener {
   const MergerTimeouts& t_;
   const std::atomic<bool>& stop_;
   const MergerFaults faults_ = MergerFaults::from_environment();
+  mutable WorkPool pool_;  // shares each merge's arithmetic (live merges and recovery)
   int recoveries_ = 0;  // recoveries attempted
   ModelSetup setup_;
   RunTopics topics_;
@@ -168,7 +170,7 @@ class MergerProcess : public RebalanceListener {
 };
 
 MergerProcess::MergerProcess(const MergerOptions& options, const std::atomic<bool>& stop)
-    : o_(options), t_(options.timeouts), stop_(stop), setup_(build_model(options.config)), topics_{options.config.run.id},
+    : o_(options), t_(options.timeouts), stop_(stop), pool_(options.merge_threads), setup_(build_model(options.config)), topics_{options.config.run.id},
       grace_(GraceWindowOptions{.gamma = options.config.merger.grace_gamma,
                                 .tau = options.config.merger.grace_tau,
                                 .cap_step_times = options.config.merger.grace_cap_steps,
@@ -477,7 +479,7 @@ void MergerProcess::merge(uint32_t p, const std::vector<std::string>& live) {
 
   MergeOptions options{.rule = merge_rule(o_.config), .optimizer = outer_optimizer(o_.config),
                        .hyper = outer_hyper(o_.config), .tensors = setup_.layout.fragments[p],
-                       .downlink = downlink_codec(o_.config), .change = &f.change};
+                       .downlink = downlink_codec(o_.config), .change = &f.change, .pool = &pool_};
   const bool share_scaling = o_.config.merger.share_scaling;
   set_merge_share(options, plan.inputs, share_scaling ? live.size() : 0, share_scaling);
   const uint64_t version = f.state.version;

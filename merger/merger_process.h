@@ -58,6 +58,9 @@ struct MergerOptions {
   int metrics_port = 0;
   double announce_interval_s = 2;
   int session_timeout_ms = 10000;
+  // Threads that share a merge's arithmetic (0: one per hardware thread). The result has the same
+  // bits for any number (merge_step.h).
+  unsigned merge_threads = 0;
   MergerTimeouts timeouts;
 };
 

@@ -118,7 +118,8 @@ void apply_logged_merge(const LogContext& ctx, FragmentState& state, const Logge
   for (const auto& in : r.inputs) tensors.push_back(logged_delta(ctx, messages, in, merge.position).tensors);
   std::vector<MergeInput> inputs;
   for (size_t i = 0; i < r.inputs.size(); ++i) inputs.push_back(MergeInput{r.inputs[i], tensors[i]});
-  const MergeOptions options = recorded_merge_options(r, ctx.setup->layout.fragments.at(state.fragment));
+  MergeOptions options = recorded_merge_options(r, ctx.setup->layout.fragments.at(state.fragment));
+  options.pool = ctx.pool;
   FragmentState next;
   MergeRecord rebuilt = merge_step(state, inputs, options, next);
   if (rebuilt.checksum != r.checksum)

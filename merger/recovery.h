@@ -41,6 +41,8 @@ struct LogContext {
   // `merges` (a predecessor's commit whose markers are not yet written, or a killed predecessor's
   // transaction until the broker aborts it after the transaction timeout).
   int stable_wait_ms = 30000;
+  // Threads that share a rebuilt merge's arithmetic (merge_step.h); null: the caller's.
+  WorkPool* pool = nullptr;
 };
 
 // A merge record as read from `merges`, with where it was read.

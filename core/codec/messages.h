@@ -200,7 +200,12 @@ struct MergeRecord {
   // In (0, 1]: the part of `share` that is the inputs' staleness scale (weighting.h).
   float staleness_scale = 1.0f;
   DownlinkCodec downlink;  // how the new version was quantized for subscribers (merge_step.h)
+  // How norms were summed (merge_step.h): per range of this many elements, 0 = per whole tensor.
+  // 0 or a power of two in [kMinNormBlock, kMaxNormBlock].
+  uint32_t norm_block = 0;
 };
+inline constexpr uint32_t kMinNormBlock = 1u << 10;
+inline constexpr uint32_t kMaxNormBlock = 1u << 26;
 
 std::vector<uint8_t> encode_merge_record(const MergeRecord& msg, int zstd_level = 3);
 MergeRecord decode_merge_record(std::span<const uint8_t> bytes, const DecodeLimits& limits);

@@ -340,13 +340,7 @@ QuantizedTensor quantize(uint32_t index, std::vector<int64_t> shape, std::span<c
   const int64_t n = checked_numel(shape);
   if (static_cast<size_t>(n) != values.size())
     throw InvalidInput(detail::concat("quantize: shape holds ", n, " values, got ", values.size()));
-  QuantizedTensor q;
-  q.index = index;
-  q.shape = std::move(shape);
-  q.dtype = dtype;
-  q.block_size = (dtype == DType::INT8 || dtype == DType::INT4) ? block_size : 0;
-  q.scales.resize(num_blocks(dtype, block_size, n));
-  q.payload.resize(payload_bytes(dtype, n));
+  QuantizedTensor q = feedback_result(index, std::move(shape), dtype, block_size);
   quantize_into(values, dtype, block_size, q.scales, q.payload);
   return q;
 }
@@ -359,48 +353,68 @@ void dequantize(const QuantizedTensor& q, std::span<float> out) {
   dequantize_into(q.dtype, q.block_size, q.scales, q.payload, out);
 }
 
-QuantizedTensor quantize_with_feedback(uint32_t index, std::vector<int64_t> shape,
-                                       std::span<const float> delta, std::span<float> residual_all,
-                                       DType dtype, uint32_t block_size, std::vector<float>& scratch,
-                                       std::span<float> sent) {
-  const size_t n = delta.size();
-  if (static_cast<size_t>(checked_numel(shape)) != n)
-    throw InvalidInput(detail::concat("error feedback: shape does not hold ", n, " values"));
-  if (residual_all.size() != n)
-    throw InvalidInput(detail::concat("error feedback: delta of ", n, " values, residual of ",
-                                      residual_all.size()));
-  if (!sent.empty() && sent.size() != n)
-    throw InvalidInput(detail::concat("error feedback: delta of ", n, " values, output of ",
-                                      sent.size()));
+QuantizedTensor feedback_result(uint32_t index, std::vector<int64_t> shape, DType dtype, uint32_t block_size) {
+  const int64_t n = checked_numel(shape);
   QuantizedTensor q;
   q.index = index;
   q.shape = std::move(shape);
   q.dtype = dtype;
   q.block_size = (dtype == DType::INT8 || dtype == DType::INT4) ? block_size : 0;
-  q.scales.resize(num_blocks(dtype, block_size, static_cast<int64_t>(n)));
-  q.payload.resize(payload_bytes(dtype, static_cast<int64_t>(n)));
+  q.scales.resize(num_blocks(dtype, block_size, n));
+  q.payload.resize(payload_bytes(dtype, n));
+  return q;
+}
 
-  // One pass over cache-sized segments of whole blocks (an even number of them, so that an INT4
-  // segment starts on a byte): x = delta + residual, send quantize(x), keep x - dequantize(sent).
+size_t feedback_alignment(DType dtype, uint32_t block_size) {
+  const bool blocks = dtype == DType::INT8 || dtype == DType::INT4;
+  return 2 * static_cast<size_t>(blocks ? block_size : 1);
+}
+
+void feedback_range(QuantizedTensor& q, std::span<const float> delta, std::span<float> residual_all,
+                    std::span<float> sent, size_t begin, size_t end, std::vector<float>& scratch) {
+  const size_t n = delta.size();
+  const size_t align = feedback_alignment(q.dtype, q.block_size);
+  DILOCO_ENFORCE(begin % align == 0 && begin <= end && end <= n && static_cast<int64_t>(n) == q.numel() &&
+                     residual_all.size() == n && (sent.empty() || sent.size() == n),
+                 "feedback_range [", begin, ", ", end, ") of ", n, " values does not fit");
+  // Cache-sized segments of whole blocks (an even number of them, so that an INT4 segment starts
+  // on a byte): x = delta + residual, send quantize(x), keep x - dequantize(sent).
   const size_t block = q.block_size ? q.block_size : 1;
   const size_t segment = std::max<size_t>(1, 8192 / (2 * block)) * 2 * block;
-  scratch.resize(std::min(segment, n));
-  for (size_t s = 0; s < n; s += segment) {
-    const size_t len = std::min(segment, n - s);
+  scratch.resize(std::min(segment, end - begin));
+  for (size_t s = begin; s < end; s += segment) {
+    const size_t len = std::min(segment, end - s);
     const size_t first_block = q.block_size ? s / block : 0;
-    const size_t blocks = num_blocks(dtype, block_size, static_cast<int64_t>(len));
-    const size_t first_byte = payload_bytes(dtype, static_cast<int64_t>(s));
-    const size_t bytes = payload_bytes(dtype, static_cast<int64_t>(len));
+    const size_t blocks = num_blocks(q.dtype, q.block_size, static_cast<int64_t>(len));
+    const size_t first_byte = payload_bytes(q.dtype, static_cast<int64_t>(s));
+    const size_t bytes = payload_bytes(q.dtype, static_cast<int64_t>(len));
     const std::span<float> x(scratch.data(), len);
     const std::span<float> scales(q.scales.data() + first_block, blocks);
     const std::span<uint8_t> payload(q.payload.data() + first_byte, bytes);
     const std::span<float> residual(residual_all.data() + s, len);
     add(delta.data() + s, residual.data(), len, x.data());
-    quantize_into(x, dtype, block_size, scales, payload);
-    dequantize_into(dtype, block_size, scales, payload, residual);
+    quantize_into(x, q.dtype, q.block_size, scales, payload);
+    dequantize_into(q.dtype, q.block_size, scales, payload, residual);
     if (!sent.empty()) std::copy(residual.begin(), residual.end(), sent.begin() + static_cast<std::ptrdiff_t>(s));
     subtract_from(x.data(), len, residual.data());
   }
+}
+
+QuantizedTensor quantize_with_feedback(uint32_t index, std::vector<int64_t> shape,
+                                       std::span<const float> delta, std::span<float> residual,
+                                       DType dtype, uint32_t block_size, std::vector<float>& scratch,
+                                       std::span<float> sent) {
+  const size_t n = delta.size();
+  if (static_cast<size_t>(checked_numel(shape)) != n)
+    throw InvalidInput(detail::concat("error feedback: shape does not hold ", n, " values"));
+  if (residual.size() != n)
+    throw InvalidInput(detail::concat("error feedback: delta of ", n, " values, residual of ",
+                                      residual.size()));
+  if (!sent.empty() && sent.size() != n)
+    throw InvalidInput(detail::concat("error feedback: delta of ", n, " values, output of ",
+                                      sent.size()));
+  QuantizedTensor q = feedback_result(index, std::move(shape), dtype, block_size);
+  feedback_range(q, delta, residual, sent, 0, n, scratch);
   return q;
 }
 

@@ -60,6 +60,16 @@ QuantizedTensor quantize_with_feedback(uint32_t index, std::vector<int64_t> shap
                                        DType dtype, uint32_t block_size, std::vector<float>& scratch,
                                        std::span<float> sent = {});
 
+// quantize_with_feedback in pieces, for callers that share one tensor between threads:
+// feedback_result sizes the result (scales and payload, no values yet); feedback_range fills
+// values [begin, end) of it and touches only that range of residual and sent. begin must be a
+// multiple of feedback_alignment (whole blocks, whole INT4 bytes). Any division into ranges gives
+// the bits of one quantize_with_feedback call. Throws InternalError on a range that does not fit.
+QuantizedTensor feedback_result(uint32_t index, std::vector<int64_t> shape, DType dtype, uint32_t block_size);
+size_t feedback_alignment(DType dtype, uint32_t block_size);
+void feedback_range(QuantizedTensor& q, std::span<const float> delta, std::span<float> residual,
+                    std::span<float> sent, size_t begin, size_t end, std::vector<float>& scratch);
+
 // out = base + update, element by element in fp32 (out may be base). The one definition of how a
 // parameter update is applied: the merger computes a new version with it and every subscriber
 // reconstructs that version with it, so both hold the same bits (the project compiles with

@@ -140,7 +140,7 @@ std::vector<uint8_t> encode_merge_record(const MergeRecord& msg, int zstd_level)
       fbb, kSchemaVersion, run_id, msg.fingerprint, msg.fragment, msg.version, msg.prev_version,
       inputs_vector, dropped_vector, static_cast<wire::MergeRule>(msg.rule),
       static_cast<wire::OuterOptimizer>(msg.optimizer), hyper, msg.checksum, merger, msg.epoch,
-      msg.merge_time_us, msg.share, msg.staleness_scale, downlink);
+      msg.merge_time_us, msg.share, msg.staleness_scale, downlink, msg.norm_block);
   wire::FinishMergeRecordBuffer(fbb, root);
   return compress_finished(fbb, zstd_level);
 }
@@ -207,6 +207,12 @@ MergeRecord decode_merge_record(std::span<const uint8_t> bytes, const DecodeLimi
     const WireCodec c = check_codec(m.downlink());
     out.downlink = {.dtype = c.dtype, .block_size = c.block_size};
   }
+  out.norm_block = m.norm_block();
+  const uint32_t b = out.norm_block;
+  if (b != 0 && (b < kMinNormBlock || b > kMaxNormBlock || (b & (b - 1)) != 0))
+    reject(RejectReason::BadCounter,
+           detail::concat("norm_block ", b, " is neither 0 nor a power of two in [", kMinNormBlock, ", ",
+                          kMaxNormBlock, "]"));
   return out;
 }
 

@@ -20,11 +20,12 @@ namespace {
 // One RDA tensor and one (always averaged) embedding.
 const std::vector<TensorSpec> kLayout{{"blocks.0.w", {2, 3}}, {"token_embedding", {2, 2}}};
 
-std::vector<DenseTensor> random_tensors(std::mt19937& rng, float scale) {
+std::vector<DenseTensor> random_tensors(std::mt19937& rng, float scale,
+                                       const std::vector<TensorSpec>& layout = kLayout) {
   std::normal_distribution<float> dist(0.0f, scale);
   std::vector<DenseTensor> out;
-  for (uint32_t t = 0; t < kLayout.size(); ++t) {
-    DenseTensor tensor{t, kLayout[t].shape, std::vector<float>(kLayout[t].numel())};
+  for (uint32_t t = 0; t < layout.size(); ++t) {
+    DenseTensor tensor{t, layout[t].shape, std::vector<float>(layout[t].numel())};
     for (auto& v : tensor.values) v = dist(rng);
     out.push_back(std::move(tensor));
   }
@@ -610,4 +611,97 @@ TEST_CASE("merge_step_in_place refuses inputs that do not fit before it writes a
   CHECK(same_bits(state.params, before.params));
   CHECK(same_bits(state.momentum, before.momentum));
   CHECK(state.downlink_residual.empty());
+}
+
+TEST_CASE("a merge has the same bits on 1 thread as on N, for every rule, optimizer and downlink", "[merger]") {
+  // Tensors of several norm blocks (one of an odd size), and one smaller than a block.
+  const std::vector<TensorSpec> layout{{"blocks.0.w", {3, 100'001}},
+                                       {"token_embedding", {2, 70'000}},
+                                       {"blocks.0.b", {1'000}}};
+  auto tensors = [&](std::mt19937& rng, float scale) { return random_tensors(rng, scale, layout); };
+  std::mt19937 rng(47);
+  FragmentState start;
+  start.run_id = "run-1";
+  start.fragment = 0;
+  start.version = 6;
+  start.params = tensors(rng, 1.0f);
+  start.momentum = tensors(rng, 0.1f);
+  std::vector<std::vector<DenseTensor>> deltas;
+  for (int i = 0; i < 3; ++i) deltas.push_back(tensors(rng, 0.05f));
+  std::vector<MergeInput> inputs;
+  for (int i = 0; i < 3; ++i) {
+    DeltaRef ref;
+    ref.learner_id = "learner-" + std::to_string(i);
+    ref.seq = 1;
+    ref.base_version = 6;
+    ref.weight = 1.0 + i;
+    inputs.push_back({ref, deltas[i]});
+  }
+  WorkPool two(2), five(5);
+  const OuterOptimizerKind optimizers[] = {OuterOptimizerKind::Nesterov, OuterOptimizerKind::Sgd,
+                                           OuterOptimizerKind::DelayedNesterov, OuterOptimizerKind::Cgad};
+  const DownlinkCodec downlinks[] = {{.dtype = DType::F32, .block_size = 0},
+                                     {.dtype = DType::INT4, .block_size = 64},
+                                     {.dtype = DType::INT8, .block_size = 1'000},  // not a divisor of 2^16
+                                     {.dtype = DType::BF16, .block_size = 0}};
+  for (MergeRule rule : {MergeRule::RadialDirectional, MergeRule::WeightedAverage})
+    for (OuterOptimizerKind optimizer : optimizers)
+      for (const DownlinkCodec& downlink : downlinks) {
+        INFO("rule " << static_cast<int>(rule) << " optimizer " << static_cast<int>(optimizer) << " downlink "
+                     << dtype_name(downlink.dtype));
+        MergeOptions o = options(rule, optimizer);
+        o.tensors = layout;
+        o.downlink = downlink;
+        std::vector<FragmentState> states(3, start);
+        std::vector<std::vector<QuantizedTensor>> changes(3);
+        WorkPool* pools[] = {nullptr, &two, &five};
+        std::vector<MergeRecord> records;
+        for (size_t k = 0; k < 3; ++k) {
+          o.pool = pools[k];
+          o.change = &changes[k];
+          for (int merge = 0; merge < 2; ++merge) {  // the second one uses the residual and outer state
+            for (auto& in : inputs) in.ref.staleness = states[k].version - in.ref.base_version;
+            records.push_back(merge_step_in_place(states[k], inputs, o));
+          }
+        }
+        for (size_t k = 1; k < 3; ++k) {
+          CHECK(records[2 * k + 1].checksum == records[1].checksum);
+          CHECK(records[2 * k + 1].norm_block == kNormBlock);
+          CHECK(same_bits(states[k].params, states[0].params));
+          CHECK(same_bits(states[k].momentum, states[0].momentum));
+          CHECK(same_bits(states[k].outer_state, states[0].outer_state));
+          CHECK(same_bits(states[k].downlink_residual, states[0].downlink_residual));
+          REQUIRE(changes[k].size() == changes[0].size());
+          for (size_t t = 0; t < changes[0].size(); ++t) {
+            CHECK(changes[k][t].payload == changes[0][t].payload);
+            CHECK(changes[k][t].scales == changes[0][t].scales);
+          }
+        }
+      }
+}
+
+TEST_CASE("norm_block decides how norms are summed: 0 sums each tensor at once, as records before it", "[merger]") {
+  std::mt19937 rng(53);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  std::vector<float> x(300'007);
+  for (auto& v : x) v = dist(rng) * (1.0f + static_cast<float>(&v - x.data()) * 1e-3f);
+  WorkPool pool(3);
+  CHECK(l2_norm(x, MergeWork{.pool = &pool, .norm_block = 0}) == l2_norm(x));
+  const double blocked = l2_norm(x, MergeWork{.pool = nullptr, .norm_block = kNormBlock});
+  CHECK(l2_norm(x, MergeWork{.pool = &pool, .norm_block = kNormBlock}) == blocked);
+  CHECK(blocked == Approx(l2_norm(x)).epsilon(1e-12));
+  // A tensor within one block is summed the old way under either setting.
+  const std::span<const float> small(x.data(), kNormBlock);
+  CHECK(l2_norm(small, MergeWork{.pool = &pool, .norm_block = kNormBlock}) == l2_norm(small));
+  // A replayed record with norm_block 0 is rebuilt with it; a merge with a bad block is refused.
+  MergeRecord record;
+  record.norm_block = 0;
+  CHECK(recorded_merge_options(record, {}).norm_block == 0);
+  record.norm_block = kMinNormBlock;
+  CHECK(recorded_merge_options(record, {}).norm_block == kMinNormBlock);
+  FragmentState state = genesis(rng);
+  const std::vector<TestDelta> round{make_delta(rng, "a", 1, state.version, state.version, 1)};
+  MergeOptions o = options();
+  o.norm_block = 3;
+  CHECK_THROWS_AS(merge_step_in_place(state, inputs_of(round), o), InvalidInput);
 }

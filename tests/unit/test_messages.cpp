@@ -583,6 +583,25 @@ TEST_CASE("MergeRecord round trip of the outer optimizers' settings and the stal
   }
 }
 
+TEST_CASE("MergeRecord round trip of norm_block, and records with a norm_block that no merge makes are rejected",
+          "[codec][messages]") {
+  const auto layout = make_layout();
+  MergeRecord msg = merge_record_of(layout, 4);
+  msg.inputs = {delta_ref("deltas.eu", 2, 100, "learner-1", 4, 1, 2, 50, 409600, 0.75)};
+  msg.merger_instance = "merger-a";
+  CHECK(decode_merge_record(encode_merge_record(msg), limits_for(layout)).norm_block == 0);  // as older records
+  for (uint32_t ok : {kMinNormBlock, 1u << 16, kMaxNormBlock}) {
+    msg.norm_block = ok;
+    CHECK(decode_merge_record(encode_merge_record(msg), limits_for(layout)).norm_block == ok);
+  }
+  // A hostile block of 1 would make a reader sum a billion partial norms; others are not powers of two.
+  for (uint32_t bad : {1u, kMinNormBlock / 2, (1u << 16) + 1, kMaxNormBlock * 2, 0xFFFFFFFFu}) {
+    INFO("norm_block " << bad);
+    msg.norm_block = bad;
+    CHECK_THROWS_AS(decode_merge_record(encode_merge_record(msg), limits_for(layout)), Rejection);
+  }
+}
+
 TEST_CASE("Member round trip", "[codec][messages]") {
   Member msg;
   msg.run_id = "run-1";

@@ -45,12 +45,14 @@ int main(int argc, char** argv) {
   ReplayOptions o;
   std::string bootstrap = default_bootstrap_servers();
   double timeout_s = 120, connect_timeout_s = 10;
+  unsigned threads = 0;
   app.add_option("-c,--config", o.config_file, "the run config (TOML) the learners and mergers ran with, e.g. configs/tiny.toml")->required()->check(CLI::ExistingFile);
   app.add_option("-s,--set", o.overrides, "override a config value: section.key=value (repeatable), as for diloco-merger");
   app.add_option("--run", o.run_id, "run id (default: run.id of the config)");
   app.add_option("--bootstrap", bootstrap, "Kafka bootstrap servers (default: $DILOCO_BOOTSTRAP or 127.0.0.1:19092)")->capture_default_str();
   app.add_option("--regions", o.regions, "regions to read, comma-separated (default: every diloco.<run>.deltas.<region> topic)")->delimiter(',');
   app.add_option("--timeout", timeout_s, "seconds one read of a log may stall before giving up")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--threads", threads, "threads that share each rebuilt merge's arithmetic (0: one per core); any number gives the same bits")->capture_default_str()->check(CLI::Range(0u, 256u));
   app.add_option("--connect-timeout", connect_timeout_s, "seconds to wait for the broker")->capture_default_str()->check(CLI::PositiveNumber);
 
   ListOptions list_o;
@@ -176,6 +178,7 @@ int main(int argc, char** argv) {
   o.kafka.client_id = "diloco-replay";
   o.kafka.connect_timeout_ms = static_cast<int>(connect_timeout_s * 1000);
   o.timeout_ms = static_cast<int>(timeout_s * 1000);
+  o.threads = threads;
   try {
     if (!since.empty()) list_o.since_ms = parse_time_ms(since);
     if (!until.empty()) list_o.until_ms = parse_time_ms(until);

@@ -93,6 +93,7 @@ void remerge_as_recorded(const ReplayRun& run, const RemergeOptions& o, const Fr
     original.advance(merge);
     if (!is_merge(merge.record)) return true;
     MergeOptions options = merge_options(o, merge.record, layout);
+    options.pool = ctx.pool;
     std::vector<Delta> decoded;
     std::vector<MergeInput> inputs;
     for (const auto& ref : merge.record.inputs) decoded.push_back(logged_delta(ctx, deltas, ref, merge.position));
@@ -117,6 +118,7 @@ void remerge_regrouped(const ReplayRun& run, const RemergeOptions& o, const Frag
   if (first == f.merges.end()) return;
   const LogContext ctx = run.context();
   MergeOptions options = merge_options(o, first->record, run.setup.layout.fragments.at(f.start.fragment));
+  options.pool = ctx.pool;
   // Regrouped merges hold other numbers of learners than the recorded ones: with share scaling,
   // each applies its share of the learners this fragment's log has seen.
   std::set<std::string> population;

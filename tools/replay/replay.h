@@ -13,6 +13,7 @@
 #include <functional>
 #include <iosfwd>
 #include <map>
+#include <memory>
 #include <optional>
 #include <set>
 #include <string>
@@ -36,6 +37,7 @@ struct ReplayOptions {
   KafkaOptions kafka;
   std::vector<std::string> regions;    // empty: every diloco.<run>.deltas.<region> topic
   int timeout_ms = 120000;             // bound of one read of a log to its end
+  unsigned threads = 0;                // share each rebuilt merge's arithmetic (0: one per core)
 };
 
 // A run opened for reading: its config, model layout (to decode and rebuild), and topics.
@@ -47,6 +49,7 @@ struct ReplayRun {
   std::vector<std::string> delta_topics;  // one per region, sorted
   int partitions = 1;                     // NP of every topic but members and rejected
   int timeout_ms = 120000;
+  std::shared_ptr<WorkPool> pool;  // shares the arithmetic of every merge rebuilt (same bits)
 
   DecodeLimits limits() const;
   LogContext context() const;  // views this run: keep the run alive while it is used

@@ -63,7 +63,7 @@ DecodeLimits ReplayRun::limits() const {
 
 LogContext ReplayRun::context() const {
   return LogContext{.kafka = kafka, .topics = topics, .config = &config, .setup = &setup, .limits = limits(),
-                    .timeout_ms = timeout_ms};
+                    .timeout_ms = timeout_ms, .pool = pool.get()};
 }
 
 int32_t ReplayRun::partition_of(uint32_t fragment) const {
@@ -103,7 +103,8 @@ ReplayRun open_run(const ReplayOptions& options) {
                          " has " + std::to_string(partitions) + ": these are not one run's topics");
   return ReplayRun{.config = std::move(config), .setup = std::move(setup), .kafka = options.kafka,
                    .topics = std::move(topics), .delta_topics = std::move(delta_topics),
-                   .partitions = partitions, .timeout_ms = options.timeout_ms};
+                   .partitions = partitions, .timeout_ms = options.timeout_ms,
+                   .pool = std::make_shared<WorkPool>(options.threads)};
 }
 
 Position position_key(const LogPosition& p) { return {p.topic, p.partition, p.offset}; }

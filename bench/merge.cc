@@ -1,0 +1,132 @@
+// Merge arithmetic on 1 and N threads: merge_step_in_place (RadialDirectional + Nesterov, the
+// defaults) over one large fragment with K inputs, for an fp32 and an int4 downlink. Prints a
+// Markdown table and checks that every thread count gives the same checksum.
+//
+//   bench-merge [--params N] [--inputs K] [--runs R] [--threads "1 2"]
+//
+// Data: --params values (default 2^25 = 32 Mi, 128 MiB of fp32) in transformer-like tensors
+// (an embedding, averaged; the rest RDA), gaussian deltas (seeded). Each timed run merges the same
+// K deltas onto a fresh copy of the same state, so every thread count computes the same merge.
+// Time = wall clock of one merge_step_in_place: norms, weighted sums, outer step, the downlink's
+// quantization with error feedback, the checksum. Decoding and Kafka are not included.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "core/parallel.h"
+#include "merger/merge_step.h"
+
+using namespace diloco;
+
+namespace {
+
+std::vector<TensorSpec> layout_of(size_t params) {
+  // An embedding of 1/8, then square-ish blocks of 1/16 each, the remainder in the last tensor.
+  std::vector<TensorSpec> layout{{"token_embedding", {static_cast<int64_t>(params / 8)}}};
+  size_t left = params - params / 8;
+  for (int i = 0; left > 0; ++i) {
+    const size_t n = std::min(left, std::max<size_t>(1, params / 16));
+    layout.push_back({"blocks." + std::to_string(i) + ".w", {static_cast<int64_t>(n)}});
+    left -= n;
+  }
+  return layout;
+}
+
+std::vector<DenseTensor> random_tensors(const std::vector<TensorSpec>& layout, std::mt19937& rng, float scale) {
+  std::normal_distribution<float> dist(0.0f, scale);
+  std::vector<DenseTensor> out;
+  for (uint32_t t = 0; t < layout.size(); ++t) {
+    DenseTensor tensor{t, layout[t].shape, std::vector<float>(static_cast<size_t>(layout[t].numel()))};
+    for (auto& v : tensor.values) v = dist(rng);
+    out.push_back(std::move(tensor));
+  }
+  return out;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  size_t params = size_t{1} << 25;
+  int inputs = 4, runs = 5;
+  std::string thread_list = "1 2";
+  for (int i = 1; i + 1 < argc; i += 2) {
+    if (!std::strcmp(argv[i], "--params")) params = std::strtoull(argv[i + 1], nullptr, 10);
+    else if (!std::strcmp(argv[i], "--inputs")) inputs = std::atoi(argv[i + 1]);
+    else if (!std::strcmp(argv[i], "--runs")) runs = std::atoi(argv[i + 1]);
+    else if (!std::strcmp(argv[i], "--threads")) thread_list = argv[i + 1];
+    else {
+      std::fprintf(stderr, "usage: bench-merge [--params N] [--inputs K] [--runs R] [--threads \"1 2\"]\n");
+      return 2;
+    }
+  }
+  if (params == 0 || inputs < 1 || runs < 1) {
+    std::fprintf(stderr, "bench-merge: --params, --inputs and --runs must be positive\n");
+    return 2;
+  }
+  std::vector<unsigned> thread_counts;
+  std::istringstream list(thread_list);
+  for (unsigned t; list >> t;) thread_counts.push_back(t);
+  if (thread_counts.empty()) thread_counts = {1};
+
+  const auto layout = layout_of(params);
+  std::mt19937 rng(42);
+  FragmentState start;
+  start.run_id = "bench";
+  start.version = 10;
+  start.params = random_tensors(layout, rng, 1.0f);
+  start.momentum = random_tensors(layout, rng, 0.01f);
+  std::vector<std::vector<DenseTensor>> deltas;
+  for (int i = 0; i < inputs; ++i) deltas.push_back(random_tensors(layout, rng, 1e-3f));
+  std::vector<MergeInput> merge_inputs;
+  for (int i = 0; i < inputs; ++i) {
+    DeltaRef ref;
+    ref.learner_id = "learner-" + std::to_string(i);
+    ref.base_version = start.version;
+    ref.weight = 1.0;
+    merge_inputs.push_back({ref, deltas[static_cast<size_t>(i)]});
+  }
+
+  std::printf("%zu parameters (%.1f MiB fp32) in %zu tensors, %d inputs, RadialDirectional + Nesterov, %d runs "
+              "(median), hardware threads %u\n\n",
+              params, static_cast<double>(params) * 4 / 1048576.0, layout.size(), inputs, runs,
+              std::thread::hardware_concurrency());
+  std::printf("| downlink | threads | s per merge | M params/s | speed-up | checksum |\n|---|---:|---:|---:|---:|---|\n");
+  bool same = true;
+  for (const DownlinkCodec downlink : {DownlinkCodec{DType::F32, 0}, DownlinkCodec{DType::INT4, 64}}) {
+    double one_thread = 0;
+    uint64_t first_checksum = 0;
+    for (unsigned threads : thread_counts) {
+      WorkPool pool(threads);
+      MergeOptions o{.tensors = layout, .downlink = downlink, .pool = &pool};
+      o.hyper.lr = 0.7f;
+      o.hyper.momentum = 0.9f;
+      std::vector<double> seconds;
+      uint64_t checksum = 0;
+      FragmentState state;
+      for (int r = 0; r < runs; ++r) {
+        state = start;
+        const auto t0 = std::chrono::steady_clock::now();
+        checksum = merge_step_in_place(state, merge_inputs, o).checksum;
+        seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+      }
+      std::sort(seconds.begin(), seconds.end());
+      const double median = seconds[seconds.size() / 2];
+      if (one_thread == 0) {
+        one_thread = median;
+        first_checksum = checksum;
+      }
+      same = same && checksum == first_checksum;
+      std::printf("| %s | %zu | %.3f | %.1f | %.2f | %016llx%s |\n", dtype_name(downlink.dtype), pool.threads(), median,
+                  static_cast<double>(params) / median / 1e6, one_thread / median,
+                  static_cast<unsigned long long>(checksum), checksum == first_checksum ? "" : " DIFFERS");
+    }
+  }
+  std::printf("\n%s\n", same ? "every thread count gave the same checksum" : "CHECKSUMS DIFFER between thread counts");
+  return same ? 0 : 1;
+}
