@@ -25,9 +25,18 @@ std::optional<LogPosition> LogWriter::commit(std::span<const LogWrite> writes,
   delivered_.clear();
   producer_->begin_transaction();
   const uint64_t first = next_token_;
-  for (const auto& w : writes)
-    producer_->produce({.topic = w.topic, .partition = w.partition, .key = w.key, .value = w.value}, next_token_++,
-                       t_.produce_ms);
+  for (const auto& w : writes) {
+    if (!w.chunk_id) {
+      producer_->produce({.topic = w.topic, .partition = w.partition, .key = w.key, .value = w.value}, next_token_++,
+                         t_.produce_ms);
+      continue;
+    }
+    for_each_piece(w.value, *w.chunk_id, w.chunk_bytes, [&](uint32_t i, uint32_t count, std::span<const uint8_t> piece) {
+      producer_->produce({.topic = w.topic, .partition = w.partition,
+                          .key = count == 1 ? w.key : w.key + "/" + std::to_string(i), .value = piece},
+                         next_token_++, t_.produce_ms);
+    });
+  }
   if (merge && ++merge_commits_ == fail_commit_at_)
     throw Error("fault injection: commit " + std::to_string(merge_commits_) + " fails");
   if (!offsets.empty()) producer_->send_offsets_to_transaction(offsets, consumer.raw(), t_.send_offsets_ms);

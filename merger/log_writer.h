@@ -2,8 +2,9 @@
 // transaction that also commits the merger group's consumed offsets, so an instance fenced by a
 // newer one with the same transactional id commits nothing (KIP-447): genesis checkpoints, each
 // merge (record, and every checkpoint_every versions the fragment's checkpoint) and the records
-// of a clean stop. Callers encode everything first, so the transaction timeout covers only the
-// produce and commit round trips, whatever a fragment's size.
+// of a clean stop. Callers encode and compress everything first, so the transaction timeout
+// covers only the produce and commit round trips (and the framing of a checkpoint's pieces, a
+// copy), whatever a fragment's size.
 #pragma once
 
 #include <cstdint>
@@ -15,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "core/codec/chunk.h"
 #include "core/codec/messages.h"
 #include "core/kafka/consumer.h"
 #include "core/kafka/producer.h"
@@ -27,6 +29,11 @@ struct LogWrite {
   int32_t partition = 0;
   std::string key;
   std::vector<uint8_t> value;
+  // Set for a message that may be larger than a chunk (a checkpoint): `value` goes out as the
+  // pieces of core/codec/chunk.h, built one at a time as they are produced (keys "<key>/<i>"
+  // when there is more than one), so they never exist all at once beside the message.
+  std::optional<ChunkId> chunk_id;
+  uint64_t chunk_bytes = 0;
 };
 
 class LogWriter {

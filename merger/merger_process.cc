@@ -101,7 +101,7 @@ class MergerProcess : public RebalanceListener {
   // The writes of one fragment's checkpoint: one record keyed by the fragment id, or, when it
   // is larger than codec.chunk_bytes, its pieces keyed "<fragment>/<index>" (the topic is
   // compacted by key, so each piece must keep its own key until the next checkpoint replaces it).
-  void add_state_writes(std::vector<LogWrite>& writes, const FragmentState& state);
+  void add_state_write(std::vector<LogWrite>& writes, const FragmentState& state);
   void reject(const ConsumedMessage& message, const std::string& reason, const std::string& detail);
   void merge(uint32_t p, const std::vector<std::string>& live);
   RoundTiming round_timing(const FragmentMerger& merger, const MergePlan& plan,
@@ -229,13 +229,12 @@ std::vector<TopicPartitionOffset> MergerProcess::offsets_holding(const std::vect
   return out;
 }
 
-void MergerProcess::add_state_writes(std::vector<LogWrite>& writes, const FragmentState& state) {
+void MergerProcess::add_state_write(std::vector<LogWrite>& writes, const FragmentState& state) {
   const uint32_t p = state.fragment;
-  auto pieces = split_message(encode_fragment_state(state),
-                              ChunkId{o_.config.run.id, o_.instance_id, p, state.version}, o_.config.codec.chunk_bytes);
-  for (size_t i = 0; i < pieces.size(); ++i)
-    writes.push_back({topics_.state(), partition_of(p), pieces.size() == 1 ? std::to_string(p) : std::to_string(p) + "/" + std::to_string(i),
-                      std::move(pieces[i])});
+  writes.push_back({.topic = topics_.state(), .partition = partition_of(p), .key = std::to_string(p),
+                    .value = encode_fragment_state(state),
+                    .chunk_id = ChunkId{o_.config.run.id, o_.instance_id, p, state.version},
+                    .chunk_bytes = o_.config.codec.chunk_bytes});
 }
 
 void MergerProcess::forget_consumed() {
@@ -248,7 +247,7 @@ void MergerProcess::write_genesis(const std::vector<uint32_t>& fragments) {
   if (fragments.empty()) return;
   std::vector<LogWrite> writes;
   for (uint32_t p : fragments)
-    add_state_writes(writes, owned_.at(p).state);
+    add_state_write(writes, owned_.at(p).state);
   writer_->commit(writes, committed_offsets(), *consumer_);
   for (uint32_t p : fragments) log({{"event", "genesis"}, {"fragment", p}});
 }
@@ -445,7 +444,7 @@ void MergerProcess::commit(uint32_t p, MergeRecord& record, bool write_state) {
   if (write_state) {
     f.state.consumed.clear();
     for (const auto& tp : offsets) f.state.consumed.push_back({tp.topic, tp.partition, tp.offset});
-    add_state_writes(writes, f.state);
+    add_state_write(writes, f.state);
   }
   // The record's own position becomes the next checkpoint's starting point.
   if (auto position = writer_->commit(writes, offsets, *consumer_, true)) f.state.last_merge = *position;

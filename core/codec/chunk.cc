@@ -15,24 +15,21 @@ bool is_chunk(std::span<const uint8_t> bytes) {
   return bytes.size() >= 8 && flatbuffers::BufferHasIdentifier(bytes.data(), wire::ChunkIdentifier());
 }
 
-std::vector<std::vector<uint8_t>> split_message(std::vector<uint8_t> message, const ChunkId& id, uint64_t chunk_bytes) {
+void for_each_piece(std::span<const uint8_t> message, const ChunkId& id, uint64_t chunk_bytes,
+                    const std::function<void(uint32_t, uint32_t, std::span<const uint8_t>)>& piece) {
   if (chunk_bytes == 0) throw InvalidInput("split_message: chunk_bytes must be positive");
-  std::vector<std::vector<uint8_t>> out;
-  if (message.size() <= chunk_bytes) {
-    out.push_back(std::move(message));
-    return out;
-  }
+  if (message.size() <= chunk_bytes) return piece(0, 1, message);
   const uint64_t count = (message.size() + chunk_bytes - 1) / chunk_bytes;
   if (count > kMaxChunks)
     throw InvalidInput("a message of " + std::to_string(message.size()) + " bytes needs " + std::to_string(count) +
                        " chunks of " + std::to_string(chunk_bytes) + " bytes, more than " +
                        std::to_string(kMaxChunks) + ": raise codec.chunk_bytes");
   const uint64_t checksum = XXH64(message.data(), message.size(), 0);
-  out.reserve(count);
+  flatbuffers::FlatBufferBuilder fbb(std::min<uint64_t>(chunk_bytes, message.size()) + 512);
   for (uint64_t i = 0; i < count; ++i) {
     const uint64_t begin = i * chunk_bytes;
     const uint64_t size = std::min<uint64_t>(chunk_bytes, message.size() - begin);
-    flatbuffers::FlatBufferBuilder fbb(size + 512);
+    fbb.Clear();
     const auto run_id = fbb.CreateString(id.run_id);
     const auto stream = fbb.CreateString(id.stream);
     const auto data = fbb.CreateVector(message.data() + begin, size);
@@ -40,8 +37,20 @@ std::vector<std::vector<uint8_t>> split_message(std::vector<uint8_t> message, co
                                         static_cast<uint32_t>(i), static_cast<uint32_t>(count), message.size(),
                                         checksum, data);
     wire::FinishChunkBuffer(fbb, root);
-    out.emplace_back(fbb.GetBufferPointer(), fbb.GetBufferPointer() + fbb.GetSize());
+    piece(static_cast<uint32_t>(i), static_cast<uint32_t>(count), {fbb.GetBufferPointer(), fbb.GetSize()});
   }
+}
+
+std::vector<std::vector<uint8_t>> split_message(std::vector<uint8_t> message, const ChunkId& id, uint64_t chunk_bytes) {
+  std::vector<std::vector<uint8_t>> out;
+  if (chunk_bytes > 0 && message.size() <= chunk_bytes) {
+    out.push_back(std::move(message));
+    return out;
+  }
+  for_each_piece(message, id, chunk_bytes, [&](uint32_t, uint32_t count, std::span<const uint8_t> bytes) {
+    if (out.empty()) out.reserve(count);
+    out.emplace_back(bytes.begin(), bytes.end());
+  });
   return out;
 }
 

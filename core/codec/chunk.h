@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <string>
 #include <vector>
@@ -46,6 +47,12 @@ bool is_chunk(std::span<const uint8_t> bytes);
 // `chunk_bytes` data each (InvalidInput for a chunk_bytes of 0 or a message needing more than
 // kMaxChunks pieces).
 std::vector<std::vector<uint8_t>> split_message(std::vector<uint8_t> message, const ChunkId& id, uint64_t chunk_bytes);
+
+// The same pieces one at a time: piece(index, count, bytes) for each, in order, where `bytes` is
+// valid only during the call (the message itself when it fits). A caller that hands each piece on
+// (a producer copies it) never holds more than one piece beside the message.
+void for_each_piece(std::span<const uint8_t> message, const ChunkId& id, uint64_t chunk_bytes,
+                    const std::function<void(uint32_t, uint32_t, std::span<const uint8_t>)>& piece);
 
 // Strict decoding of one piece: verifier, schema version, run id, index < count <= kMaxChunks,
 // total_bytes within limits.max_message_bytes, data no longer than what is left of the message.

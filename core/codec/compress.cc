@@ -12,6 +12,9 @@
 namespace diloco {
 namespace {
 
+// Outputs up to this size reuse the thread's buffer; larger ones get a buffer of their own.
+constexpr size_t kReusedOutputBytes = size_t{16} << 20;
+
 struct CompressContext {
   ZSTD_CCtx* cctx = ZSTD_createCCtx();
   std::vector<uint8_t> out;  // reused: compressing into it costs no page faults after warm-up
@@ -49,6 +52,15 @@ std::vector<uint8_t> zstd_compress(std::span<const uint8_t> in, int level) {
   check_zstd(ZSTD_CCtx_setParameter(ctx.cctx, ZSTD_c_checksumFlag, 1), "zstd checksum flag");
   check_zstd(ZSTD_CCtx_setParameter(ctx.cctx, ZSTD_c_contentSizeFlag, 1), "zstd content size");
   const size_t bound = ZSTD_compressBound(in.size());
+  if (bound > kReusedOutputBytes) {
+    // A large message (a checkpoint) is compressed straight into its own buffer: no copy, and
+    // the thread keeps no buffer of that size afterwards.
+    std::vector<uint8_t> out(bound);
+    const size_t n = ZSTD_compress2(ctx.cctx, out.data(), out.size(), in.data(), in.size());
+    check_zstd(n, "ZSTD_compress2");
+    out.resize(n);
+    return out;
+  }
   if (ctx.out.size() < bound) ctx.out.resize(bound);
   const size_t n = ZSTD_compress2(ctx.cctx, ctx.out.data(), ctx.out.size(), in.data(), in.size());
   check_zstd(n, "ZSTD_compress2");

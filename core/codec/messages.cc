@@ -242,7 +242,14 @@ FragmentParams apply_fragment_update(const FragmentParams& held, const FragmentP
 // ---- FragmentState --------------------------------------------------------------------------
 
 std::vector<uint8_t> encode_fragment_state(const FragmentState& msg, int zstd_level) {
-  auto& fbb = builder();
+  // A builder of its own, sized up front: a checkpoint is the largest message (12 bytes per
+  // parameter and more), so the thread's scratch builder would grow in steps (holding the old
+  // and the new buffer at each) and then keep that size for good.
+  uint64_t estimate = 1 << 16;
+  for (const auto* list : {&msg.params, &msg.momentum, &msg.outer_state, &msg.downlink_residual})
+    for (const auto& t : *list) estimate += t.values.size() * 4 + 256;
+  estimate += (msg.consumed.size() + msg.recent.size()) * 96 + (msg.accounted.size() + msg.merged_bases.size()) * 96;
+  flatbuffers::FlatBufferBuilder fbb(std::min<uint64_t>(estimate, FLATBUFFERS_MAX_BUFFER_SIZE));
   const auto params = add_dense(fbb, msg.params, kStateCodec);
   const auto momentum = add_dense(fbb, msg.momentum, kStateCodec);
   const auto outer_state = add_dense(fbb, msg.outer_state, kStateCodec);
@@ -277,6 +284,9 @@ std::vector<uint8_t> encode_fragment_state(const FragmentState& msg, int zstd_le
 }
 
 FragmentState decode_fragment_state(std::span<const uint8_t> bytes, const DecodeLimits& limits) {
+  struct Release {
+    ~Release() { release_large_scratch(); }
+  } release;  // after the copy out, and on a rejection too
   const auto& m = open_root<wire::FragmentState>(bytes, limits, wire::VerifyFragmentStateBuffer,
                                                  "FragmentState");
   check_fingerprint(m.fingerprint(), limits);

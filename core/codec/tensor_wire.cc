@@ -155,6 +155,12 @@ std::vector<uint8_t> compress_finished(const flatbuffers::FlatBufferBuilder& fbb
   return zstd_compress({fbb.GetBufferPointer(), fbb.GetSize()}, zstd_level);
 }
 
+void release_large_scratch() {
+  auto& s = scratch();
+  if (s.frame.capacity() > kKeptScratchBytes) std::vector<uint8_t>().swap(s.frame);
+  if (s.bytes.capacity() > kKeptScratchBytes) std::vector<uint8_t>().swap(s.bytes);
+}
+
 void reject(RejectReason reason, const std::string& detail) { throw Rejection(reason, detail); }
 
 std::span<const uint8_t> open_frame(std::span<const uint8_t> bytes, const DecodeLimits& limits,

@@ -33,6 +33,11 @@ inline constexpr uint32_t kMaxBlockSize = 1u << 20;
 flatbuffers::FlatBufferBuilder& builder();
 // zstd of the finished buffer.
 std::vector<uint8_t> compress_finished(const flatbuffers::FlatBufferBuilder& fbb, int zstd_level);
+// Frees the calling thread's decoding buffers (decompressed frame, staging) when a message has
+// grown them above kKeptScratchBytes: a decoded checkpoint would otherwise keep its size resident
+// in every thread that ever read one.
+inline constexpr size_t kKeptScratchBytes = size_t{64} << 20;
+void release_large_scratch();
 
 // TooLarge, then bounded decompression into a per-thread buffer, then the verifier with the file
 // identifier (BadFlatbuffer). The returned bytes stay valid until the thread's next open_frame.

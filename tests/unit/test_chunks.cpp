@@ -90,6 +90,36 @@ TEST_CASE("a message that fits travels unchanged, a larger one as pieces that gi
   CHECK(a.finish().empty());
 }
 
+TEST_CASE("for_each_piece hands out one piece at a time, in order, and a message that fits as itself", "[chunks]") {
+  const auto big = random_bytes(10'000, 4);
+  std::vector<std::vector<uint8_t>> seen;
+  for_each_piece(big, id_of("merger-0", 7), 4096, [&](uint32_t index, uint32_t count, std::span<const uint8_t> piece) {
+    CHECK(index == seen.size());
+    CHECK(count == 3);
+    const ChunkPiece decoded = decode_chunk(piece, limits());
+    CHECK(decoded.index == index);
+    CHECK(decoded.message == 7);
+    seen.emplace_back(piece.begin(), piece.end());
+  });
+  REQUIRE(seen.size() == 3);
+  ChunkAssembler a(limits());
+  Fed fed = feed(a, seen, 0);
+  REQUIRE(fed.messages.size() == 1);
+  CHECK(fed.messages[0].value == big);
+
+  const auto small = random_bytes(100, 5);
+  int calls = 0;
+  for_each_piece(small, id_of("merger-0", 8), 4096, [&](uint32_t index, uint32_t count, std::span<const uint8_t> piece) {
+    ++calls;
+    CHECK(index == 0);
+    CHECK(count == 1);
+    CHECK(std::vector<uint8_t>(piece.begin(), piece.end()) == small);
+  });
+  CHECK(calls == 1);
+  CHECK_THROWS_AS(for_each_piece(small, id_of("merger-0", 9), 0, [](uint32_t, uint32_t, std::span<const uint8_t>) {}),
+                  InvalidInput);
+}
+
 TEST_CASE("interleaved pieces of two senders each give their message back", "[chunks]") {
   const auto x = random_bytes(9000, 3), y = random_bytes(9000, 4);
   auto px = split_message(x, id_of("learner-0", 7), 4096);
