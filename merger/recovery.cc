@@ -69,10 +69,6 @@ void prune_recent(FragmentState& state, std::span<const TopicPartitionOffset> co
   }
 }
 
-std::string describe(const LogPosition& p) {
-  return p.topic + "[" + std::to_string(p.partition) + "]@" + std::to_string(p.offset);
-}
-
 DeltaMessages index_by_position(const std::vector<ConsumedMessage>& messages) {
   DeltaMessages by_position;
   for (const auto& m : messages) by_position[{m.topic, m.partition, m.offset}] = &m;

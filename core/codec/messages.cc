@@ -106,6 +106,10 @@ uint64_t checksum_fp32(std::span<const DenseTensor> tensors) {
   return XXH64_digest(state.get());
 }
 
+std::string describe(const LogPosition& p) {
+  return p.topic + "[" + std::to_string(p.partition) + "]@" + std::to_string(p.offset);
+}
+
 // ---- Delta ----------------------------------------------------------------------------------
 
 std::vector<uint8_t> encode_delta(const DeltaHeader& header,

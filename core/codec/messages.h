@@ -53,6 +53,9 @@ struct LogPosition {
   auto operator<=>(const LogPosition&) const = default;
 };
 
+// "topic[partition]@offset", as every message about a position writes it.
+std::string describe(const LogPosition& position);
+
 // ---- Delta ----------------------------------------------------------------------------------
 struct DeltaHeader {
   std::string run_id;

@@ -6,10 +6,6 @@ namespace diloco {
 
 namespace {
 
-std::string describe(const LogPosition& p) {
-  return p.topic + "[" + std::to_string(p.partition) + "]@" + std::to_string(p.offset);
-}
-
 LogPosition position_of(const ConsumedMessage& m) { return {m.topic, m.partition, m.offset}; }
 
 }  // namespace
