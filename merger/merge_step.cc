@@ -110,9 +110,8 @@ CheckedInputs check_merge(const FragmentState& current, std::span<const MergeInp
   if (!(options.staleness_scale > 0.0f && options.staleness_scale <= 1.0f))
     throw InvalidInput(
         detail::concat("staleness scale ", options.staleness_scale, " is not in (0, 1]"));
-  if (const uint32_t b = options.norm_block;
-      b != 0 && (b < kMinNormBlock || b > kMaxNormBlock || (b & (b - 1)) != 0))
-    throw InvalidInput(detail::concat("norm_block ", b, " is neither 0 nor a power of two in [",
+  if (!valid_norm_block(options.norm_block))
+    throw InvalidInput(detail::concat("norm_block ", options.norm_block, " is neither 0 nor a power of two in [",
                                       kMinNormBlock, ", ", kMaxNormBlock, "]"));
   const auto layout = options.tensors;
   check_tensors(current.params, layout, "state params");

@@ -62,7 +62,6 @@ inline bool is_merge(const MergeRecord& r) { return !r.inputs.empty(); }
 // differs, naming the record's position.
 void apply_logged_merge(const LogContext& ctx, FragmentState& state, const LoggedMerge& merge);
 
-
 // Fetched messages by Kafka position (topic, partition, offset); they must outlive the index.
 using DeltaMessages = std::map<std::tuple<std::string, int32_t, int64_t>, const ConsumedMessage*>;
 DeltaMessages index_by_position(const std::vector<ConsumedMessage>& messages);

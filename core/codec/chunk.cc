@@ -17,7 +17,7 @@ bool is_chunk(std::span<const uint8_t> bytes) {
 
 void for_each_piece(std::span<const uint8_t> message, const ChunkId& id, uint64_t chunk_bytes,
                     const std::function<void(uint32_t, uint32_t, std::span<const uint8_t>)>& piece) {
-  if (chunk_bytes == 0) throw InvalidInput("split_message: chunk_bytes must be positive");
+  if (chunk_bytes == 0) throw InvalidInput("chunk_bytes must be positive");
   if (message.size() <= chunk_bytes) return piece(0, 1, message);
   const uint64_t count = (message.size() + chunk_bytes - 1) / chunk_bytes;
   if (count > kMaxChunks)

@@ -209,6 +209,9 @@ struct MergeRecord {
 };
 inline constexpr uint32_t kMinNormBlock = 1u << 10;
 inline constexpr uint32_t kMaxNormBlock = 1u << 26;
+inline bool valid_norm_block(uint32_t b) {
+  return b == 0 || (b >= kMinNormBlock && b <= kMaxNormBlock && (b & (b - 1)) == 0);
+}
 
 std::vector<uint8_t> encode_merge_record(const MergeRecord& msg, int zstd_level = 3);
 MergeRecord decode_merge_record(std::span<const uint8_t> bytes, const DecodeLimits& limits);

@@ -208,11 +208,10 @@ MergeRecord decode_merge_record(std::span<const uint8_t> bytes, const DecodeLimi
     out.downlink = {.dtype = c.dtype, .block_size = c.block_size};
   }
   out.norm_block = m.norm_block();
-  const uint32_t b = out.norm_block;
-  if (b != 0 && (b < kMinNormBlock || b > kMaxNormBlock || (b & (b - 1)) != 0))
+  if (!valid_norm_block(out.norm_block))
     reject(RejectReason::BadCounter,
-           detail::concat("norm_block ", b, " is neither 0 nor a power of two in [", kMinNormBlock, ", ",
-                          kMaxNormBlock, "]"));
+           detail::concat("norm_block ", out.norm_block, " is neither 0 nor a power of two in [", kMinNormBlock,
+                          ", ", kMaxNormBlock, "]"));
   return out;
 }
 
