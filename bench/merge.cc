@@ -1,11 +1,14 @@
 // Merge arithmetic on 1 and N threads: merge_step_in_place (RadialDirectional + Nesterov, the
-// defaults) over one large fragment with K inputs, for an fp32 and an int4 downlink. Prints a
-// Markdown table and checks that every thread count gives the same checksum.
+// defaults) over one large fragment with K inputs, for an fp32 and an int4 downlink, with the
+// inputs held as fp32 (decoded) or as they travel (int4 in blocks of 128, dequantized range by
+// range during the merge, as the merger holds them). Prints a Markdown table and checks that
+// every thread count and both input forms give the same checksum.
 //
 //   bench-merge [--params N] [--inputs K] [--runs R] [--threads "1 2"]
 //
 // Data: --params values (default 2^25 = 32 Mi, 128 MiB of fp32) in transformer-like tensors
-// (an embedding, averaged; the rest RDA), gaussian deltas (seeded). Each timed run merges the same
+// (an embedding, averaged; the rest RDA), gaussian deltas (seeded) quantized to int4; the fp32
+// inputs are their dequantized values, so both forms merge the same numbers. Each timed run merges the same
 // K deltas onto a fresh copy of the same state, so every thread count computes the same merge.
 // Time = wall clock of one merge_step_in_place: norms, weighted sums, outer step, the downlink's
 // quantization with error feedback, the checksum. Decoding and Kafka are not included. The
@@ -23,6 +26,7 @@
 #include "core/codec/messages.h"
 #include "core/errors.h"
 #include "core/parallel.h"
+#include "merger/delta_tensors.h"
 #include "merger/merge_step.h"
 
 using namespace diloco;
@@ -84,58 +88,83 @@ int main(int argc, char** argv) {
   start.version = 10;
   start.params = random_tensors(layout, rng, 1.0f);
   start.momentum = random_tensors(layout, rng, 0.01f);
-  std::vector<std::vector<DenseTensor>> deltas;
-  for (int i = 0; i < inputs; ++i) deltas.push_back(random_tensors(layout, rng, 1e-3f));
-  std::vector<MergeInput> merge_inputs;
+  constexpr uint32_t kInputBlock = 128;
+  std::vector<DeltaTensors> as_sent, decoded;
   for (int i = 0; i < inputs; ++i) {
-    DeltaRef ref;
-    ref.learner_id = "learner-" + std::to_string(i);
-    ref.base_version = start.version;
-    ref.weight = 1.0;
-    merge_inputs.push_back({ref, deltas[static_cast<size_t>(i)]});
+    std::vector<QuantizedTensor> q;
+    std::vector<DenseTensor> dense = random_tensors(layout, rng, 1e-3f);
+    for (auto& t : dense) {
+      q.push_back(quantize(t.index, t.shape, t.values, DType::INT4, kInputBlock));
+      dequantize(q.back(), t.values);
+    }
+    as_sent.emplace_back(std::move(q));
+    decoded.emplace_back(std::move(dense));
   }
+  auto merge_inputs = [&](const std::vector<DeltaTensors>& held) {
+    std::vector<MergeInput> out;
+    for (int i = 0; i < inputs; ++i) {
+      DeltaRef ref;
+      ref.learner_id = "learner-" + std::to_string(i);
+      ref.base_version = start.version;
+      ref.weight = 1.0;
+      out.push_back({ref, held[static_cast<size_t>(i)]});
+    }
+    return out;
+  };
+  struct InputForm {
+    const char* name;
+    std::vector<MergeInput> inputs;
+    size_t bytes;
+  };
+  const InputForm forms[] = {{"fp32", merge_inputs(decoded), decoded[0].bytes()},
+                             {"int4/128 as sent", merge_inputs(as_sent), as_sent[0].bytes()}};
 
   std::printf("%zu parameters (%.1f MiB fp32) in %zu tensors, %d inputs, RadialDirectional + Nesterov, %d runs "
               "(median), hardware threads %u\n\n",
               params, static_cast<double>(params) * 4 / 1048576.0, layout.size(), inputs, runs,
               std::thread::hardware_concurrency());
-  std::printf("| downlink | threads | s per merge | of which checksum (1 thread) | M params/s | speed-up | checksum |\n"
-              "|---|---:|---:|---:|---:|---:|---|\n");
+  std::printf("| downlink | inputs | MiB held per input | threads | s per merge | of which checksum (1 thread) | "
+              "M params/s | x first row | checksum |\n"
+              "|---|---|---:|---:|---:|---:|---:|---:|---|\n");
   bool same = true;
   for (const DownlinkCodec downlink : {DownlinkCodec{DType::F32, 0}, DownlinkCodec{DType::INT4, 64}}) {
     double one_thread = 0;
     uint64_t first_checksum = 0;
-    for (unsigned threads : thread_counts) {
-      WorkPool pool(threads);
-      MergeOptions o{.tensors = layout, .downlink = downlink, .pool = &pool};
-      o.hyper.lr = 0.7f;
-      o.hyper.momentum = 0.9f;
-      std::vector<double> seconds;
-      uint64_t checksum = 0;
-      FragmentState state;
-      for (int r = 0; r < runs; ++r) {
-        state = start;
-        const auto t0 = std::chrono::steady_clock::now();
-        checksum = merge_step_in_place(state, merge_inputs, o).checksum;
-        seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    for (const InputForm& form : forms) {
+      for (unsigned threads : thread_counts) {
+        WorkPool pool(threads);
+        MergeOptions o{.tensors = layout, .downlink = downlink, .pool = &pool};
+        o.hyper.lr = 0.7f;
+        o.hyper.momentum = 0.9f;
+        std::vector<double> seconds;
+        uint64_t checksum = 0;
+        FragmentState state;
+        for (int r = 0; r < runs; ++r) {
+          state = start;
+          const auto t0 = std::chrono::steady_clock::now();
+          checksum = merge_step_in_place(state, form.inputs, o).checksum;
+          seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+        }
+        std::sort(seconds.begin(), seconds.end());
+        const double median = seconds[seconds.size() / 2];
+        // The checksum's part (one thread whatever the pool): the same call again on the result.
+        const auto c0 = std::chrono::steady_clock::now();
+        const uint64_t again = checksum_fp32(state.params);
+        const double checksum_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - c0).count();
+        DILOCO_ENFORCE(again == checksum, "checksum_fp32 disagrees with the merge's checksum");
+        if (one_thread == 0) {
+          one_thread = median;
+          first_checksum = checksum;
+        }
+        same = same && checksum == first_checksum;
+        std::printf("| %s | %s | %.1f | %zu | %.3f | %.3f | %.1f | %.2f | %016llx%s |\n", dtype_name(downlink.dtype),
+                    form.name, static_cast<double>(form.bytes) / 1048576.0, pool.threads(), median, checksum_seconds,
+                    static_cast<double>(params) / median / 1e6, one_thread / median,
+                    static_cast<unsigned long long>(checksum), checksum == first_checksum ? "" : " DIFFERS");
       }
-      std::sort(seconds.begin(), seconds.end());
-      const double median = seconds[seconds.size() / 2];
-      // The checksum's part (one thread whatever the pool): the same call again on the result.
-      const auto c0 = std::chrono::steady_clock::now();
-      const uint64_t again = checksum_fp32(state.params);
-      const double checksum_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - c0).count();
-      DILOCO_ENFORCE(again == checksum, "checksum_fp32 disagrees with the merge's checksum");
-      if (one_thread == 0) {
-        one_thread = median;
-        first_checksum = checksum;
-      }
-      same = same && checksum == first_checksum;
-      std::printf("| %s | %zu | %.3f | %.3f | %.1f | %.2f | %016llx%s |\n", dtype_name(downlink.dtype), pool.threads(),
-                  median, checksum_seconds, static_cast<double>(params) / median / 1e6, one_thread / median,
-                  static_cast<unsigned long long>(checksum), checksum == first_checksum ? "" : " DIFFERS");
     }
   }
-  std::printf("\n%s\n", same ? "every thread count gave the same checksum" : "CHECKSUMS DIFFER between thread counts");
+  std::printf("\n%s\n", same ? "every thread count and input form gave the same checksum"
+                               : "CHECKSUMS DIFFER between thread counts or input forms");
   return same ? 0 : 1;
 }

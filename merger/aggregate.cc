@@ -1,5 +1,6 @@
 #include "merger/aggregate.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "core/errors.h"
@@ -17,44 +18,64 @@ constexpr double kCancelled = 1e-5;
 constexpr size_t kElementGrain = kNormBlock;
 
 // out = sum_i coefficients[i] * deltas[i], one fp32 multiply-add per input and element, inputs
-// in order: a plain contiguous loop per input, over ranges of the tensor.
-void weighted_sum(std::span<const std::span<const float>> deltas,
-                  std::span<const float> coefficients, std::span<float> out, const MergeWork& work) {
+// in order: a plain contiguous loop per input, over ranges of the tensor (a quantized input is
+// dequantized one range at a time).
+void weighted_sum(std::span<const TensorReader> deltas, std::span<const float> coefficients, std::span<float> out,
+                  const MergeWork& work) {
   for_ranges(work.pool, out.size(), kElementGrain, [&](size_t, size_t begin, size_t end) {
-    float* o = out.data();
+    thread_local std::vector<float> scratch;
+    const size_t len = end - begin;
+    float* o = out.data() + begin;
     {
-      const float* x = deltas[0].data();
+      const float* x = deltas[0].read(begin, end, scratch).data();
       const float c = coefficients[0];
-      for (size_t k = begin; k < end; ++k) o[k] = c * x[k];
+      for (size_t k = 0; k < len; ++k) o[k] = c * x[k];
     }
     for (size_t i = 1; i < deltas.size(); ++i) {
-      const float* x = deltas[i].data();
+      const float* x = deltas[i].read(begin, end, scratch).data();
       const float c = coefficients[i];
-      for (size_t k = begin; k < end; ++k) o[k] += c * x[k];
+      for (size_t k = 0; k < len; ++k) o[k] += c * x[k];
     }
   });
 }
 
-void weighted_average(std::span<const std::span<const float>> deltas,
-                      std::span<const double> weights, std::span<float> out, const MergeWork& work) {
+void weighted_average(std::span<const TensorReader> deltas, std::span<const double> weights, std::span<float> out,
+                      const MergeWork& work) {
   std::vector<float> coefficients(weights.begin(), weights.end());
   weighted_sum(deltas, coefficients, out, work);
 }
 
 // sum_k x[k]^2 in double over kLanes independent lanes (so the compiler vectorizes without
-// reordering any single sum), the lanes then added in order.
-double sum_squares(std::span<const float> x) {
-  constexpr size_t kLanes = 8;
+// reordering any single sum), the lanes then added in order. A sum can be fed in pieces: every
+// piece but the last must hold a multiple of kLanes values.
+constexpr size_t kLanes = 8;
+struct Squares {
   double lanes[kLanes] = {};
-  const float* p = x.data();
-  const size_t n = x.size();
-  size_t k = 0;
-  for (; k + kLanes <= n; k += kLanes)
-    for (size_t j = 0; j < kLanes; ++j) lanes[j] += static_cast<double>(p[k + j]) * p[k + j];
-  for (; k < n; ++k) lanes[0] += static_cast<double>(p[k]) * p[k];
-  double sum = 0;
-  for (double lane : lanes) sum += lane;
-  return sum;
+
+  void add(std::span<const float> x) {
+    const float* p = x.data();
+    const size_t n = x.size();
+    size_t k = 0;
+    for (; k + kLanes <= n; k += kLanes)
+      for (size_t j = 0; j < kLanes; ++j) lanes[j] += static_cast<double>(p[k + j]) * p[k + j];
+    for (; k < n; ++k) lanes[0] += static_cast<double>(p[k]) * p[k];
+  }
+  double sum() const {
+    double total = 0;
+    for (double lane : lanes) total += lane;
+    return total;
+  }
+};
+
+// Values read per piece of a sum of squares (a multiple of kLanes).
+constexpr size_t kReadGrain = size_t{1} << 14;
+
+// sum_squares of values [begin, end) of x, read kReadGrain values at a time.
+double sum_squares(const TensorReader& x, size_t begin, size_t end) {
+  thread_local std::vector<float> scratch;
+  Squares squares;
+  for (size_t s = begin; s < end; s += kReadGrain) squares.add(x.read(s, std::min(end, s + kReadGrain), scratch));
+  return squares.sum();
 }
 
 }  // namespace
@@ -82,14 +103,16 @@ std::vector<double> normalised_weights(std::span<const double> raw) {
   return out;
 }
 
-double l2_norm(std::span<const float> x) { return std::sqrt(sum_squares(x)); }
+double l2_norm(std::span<const float> x) { return l2_norm(TensorReader(x)); }
 
-double l2_norm(std::span<const float> x, const MergeWork& work) {
+double l2_norm(std::span<const float> x, const MergeWork& work) { return l2_norm(TensorReader(x), work); }
+
+double l2_norm(const TensorReader& x, const MergeWork& work) {
   const size_t block = work.norm_block;
-  if (block == 0 || x.size() <= block) return l2_norm(x);
+  if (block == 0 || x.size() <= block) return std::sqrt(sum_squares(x, 0, x.size()));
   std::vector<double> partial(range_count(x.size(), block));
   for_ranges(work.pool, x.size(), block,
-             [&](size_t k, size_t begin, size_t end) { partial[k] = sum_squares(x.subspan(begin, end - begin)); });
+             [&](size_t k, size_t begin, size_t end) { partial[k] = sum_squares(x, begin, end); });
   double sum = 0;
   for (double p : partial) sum += p;
   return std::sqrt(sum);
@@ -97,6 +120,12 @@ double l2_norm(std::span<const float> x, const MergeWork& work) {
 
 void aggregate_tensor(MergeRule rule, std::span<const std::span<const float>> deltas,
                       std::span<const double> weights, std::span<float> out, const MergeWork& work) {
+  const std::vector<TensorReader> readers(deltas.begin(), deltas.end());
+  aggregate_tensor(rule, std::span<const TensorReader>(readers), weights, out, work);
+}
+
+void aggregate_tensor(MergeRule rule, std::span<const TensorReader> deltas, std::span<const double> weights,
+                      std::span<float> out, const MergeWork& work) {
   DILOCO_ENFORCE(!deltas.empty(), "nothing to aggregate");
   DILOCO_ENFORCE_EQ(deltas.size(), weights.size());
   for (const auto& d : deltas) DILOCO_ENFORCE_EQ(d.size(), out.size());

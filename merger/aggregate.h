@@ -19,6 +19,7 @@
 
 #include "core/codec/messages.h"
 #include "core/parallel.h"
+#include "merger/delta_tensors.h"
 
 namespace diloco {
 
@@ -49,14 +50,21 @@ std::vector<double> normalised_weights(std::span<const double> raw);
 // over the whole span.
 double l2_norm(std::span<const float> x);
 double l2_norm(std::span<const float> x, const MergeWork& work);
+// The same of a tensor read range by range (a quantized delta's tensor dequantized as it goes):
+// the same bits as the norm of its fp32 values.
+double l2_norm(const TensorReader& x, const MergeWork& work = {});
 
-// Writes the aggregate of `deltas` (one tensor of each input, in merge order, all of out's size)
+// Writes the aggregate of `deltas` (one tensor of each input, in merge order, all of out's size;
+// quantized ones are dequantized range by range, so the call needs no fp32 copy of any input)
 // with normalised `weights` (one per delta) into `out`. RDA details: a delta of (near) zero norm
 // has no direction and only adds its (zero) length; with at most one delta that has a direction
 // RDA equals the weighted average and is computed as such; when the directions cancel (their
 // weighted sum is shorter than 1e-5 of their total weight, e.g. two opposite deltas) RDA falls
 // back to the weighted average, since rescaling a near-zero sum would blow up rounding noise.
 // Throws InternalError on mismatched sizes or an empty input list.
+void aggregate_tensor(MergeRule rule, std::span<const TensorReader> deltas, std::span<const double> weights,
+                      std::span<float> out, const MergeWork& work = {});
+// The same of fp32 tensors.
 void aggregate_tensor(MergeRule rule, std::span<const std::span<const float>> deltas,
                       std::span<const double> weights, std::span<float> out, const MergeWork& work = {});
 

@@ -106,14 +106,14 @@ std::optional<DroppedDelta> FragmentMerger::check(DeltaRef& ref, std::optional<d
   return std::nullopt;
 }
 
-std::optional<DroppedDelta> FragmentMerger::offer(DeltaRef delta, std::vector<DenseTensor> tensors,
-                                                  double now) {
+std::optional<DroppedDelta> FragmentMerger::offer(DeltaRef delta, DeltaTensors tensors, double now) {
   if (state_ == MergerState::Stopped)
     throw InternalError(detail::concat("fragment ", fragment_, ": offer after stop"));
   std::optional<double> norm;
   if (bounds_.max_norm_ratio > 0) {
+    const DeltaView view(tensors);
     double squares = 0;
-    for (const auto& t : tensors) squares += std::pow(l2_norm(t.values), 2);
+    for (size_t t = 0; t < view.size(); ++t) squares += std::pow(l2_norm(view.tensor(t)), 2);
     norm = std::sqrt(squares);
   }
   if (auto rejected = check(delta, norm)) return record_drop(std::move(*rejected));

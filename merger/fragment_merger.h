@@ -68,7 +68,7 @@ struct MergePlan {
   std::vector<MergeInput> inputs;   // sorted by (topic, partition, offset); staleness and raw
                                     // weight filled in; tensors view `tensors`
   std::vector<DroppedDelta> dropped;  // every drop since the previous plan: the record's list
-  std::vector<std::vector<DenseTensor>> tensors;  // inputs[i].tensors views tensors[i]
+  std::vector<DeltaTensors> tensors;  // inputs[i].tensors views tensors[i]
 };
 
 class FragmentMerger {
@@ -81,10 +81,10 @@ class FragmentMerger {
   FragmentMerger(uint32_t fragment, uint64_t version, const OuterHyper& hyper, double now,
                  std::map<std::string, uint64_t> merged_bases = {}, InputBounds bounds = {});
 
-  // Offers a decoded delta. Returns the delta dropped because of it, if any: the offered one or
+  // Offers a decoded delta (decode_delta with DeltaValues::AsSent keeps an int4 delta at about
+  // 0.53 bytes per value until its merge). Returns the delta dropped because of it, if any: the offered one or
   // the pending one it replaced. Drops are also kept for the next MergePlan.
-  std::optional<DroppedDelta> offer(DeltaRef delta, std::vector<DenseTensor> tensors,
-                                    double now);
+  std::optional<DroppedDelta> offer(DeltaRef delta, DeltaTensors tensors, double now);
 
   // Advances COLLECTING -> GRACE -> MERGING as due and returns whether take_merge_inputs() is
   // allowed now (true in MERGING until the inputs are taken). `live_learners` is the set the
@@ -137,7 +137,7 @@ class FragmentMerger {
  private:
   struct HeldDelta {
     DeltaRef ref;
-    std::vector<DenseTensor> tensors;
+    DeltaTensors tensors;  // INT8 and INT4 deltas as they travelled
   };
 
   // The reason `ref` cannot be pending at the current version (weighs it as a side effect).

@@ -16,18 +16,15 @@ namespace diloco {
 
 namespace {
 
-void check_tensors(std::span<const DenseTensor> tensors, std::span<const TensorSpec> layout,
-                   const std::string& what) {
+// The state's tensors or a delta's (a DeltaView of either) against the layout.
+void check_tensors(const DeltaView& tensors, std::span<const TensorSpec> layout, const std::string& what) {
   if (tensors.size() != layout.size())
-    throw InvalidInput(detail::concat(what, " has ", tensors.size(), " tensors, the layout ",
-                                      layout.size()));
+    throw InvalidInput(detail::concat(what, " has ", tensors.size(), " tensors, the layout ", layout.size()));
   for (size_t t = 0; t < layout.size(); ++t) {
     const int64_t numel = layout[t].numel();
-    if (tensors[t].shape != layout[t].shape ||
-        tensors[t].values.size() != static_cast<size_t>(numel))
-      throw InvalidInput(detail::concat(what, " tensor ", t, " (", layout[t].name, ") has ",
-                                        tensors[t].values.size(), " values, the layout ", numel,
-                                        " (or a different shape)"));
+    if (tensors.shape(t) != layout[t].shape || tensors.values(t) != static_cast<size_t>(numel))
+      throw InvalidInput(detail::concat(what, " tensor ", t, " (", layout[t].name, ") has ", tensors.values(t),
+                                        " values, the layout ", numel, " (or a different shape)"));
   }
 }
 
@@ -163,16 +160,17 @@ MergeRecord merge_checked(FragmentState& state, std::span<const MergeInput> inpu
   size_t largest = 0;
   for (const auto& spec : layout) largest = std::max(largest, static_cast<size_t>(spec.numel()));
   std::vector<float> update(largest), previous(quantized ? largest : 0), sent(quantized ? largest : 0);
-  std::vector<std::span<const float>> deltas(inputs.size());
+  std::vector<TensorReader> deltas(inputs.size());
   const MergeWork work{.pool = options.pool, .norm_block = options.norm_block};
   const size_t align = feedback_alignment(options.downlink.dtype, options.downlink.block_size);
   const size_t grain = std::max<size_t>(1, kNormBlock / align) * align;
   for (size_t t = 0; t < layout.size(); ++t) {
-    for (size_t i = 0; i < inputs.size(); ++i) deltas[i] = inputs[i].tensors[t].values;
+    for (size_t i = 0; i < inputs.size(); ++i) deltas[i] = inputs[i].tensors.tensor(t);
     const std::span<float> params(state.params[t].values);
     const size_t n = params.size();
     const std::span<float> out(update.data(), n);
-    aggregate_tensor(tensor_rule(options.rule, layout[t].name), deltas, checked.weights, out, work);
+    aggregate_tensor(tensor_rule(options.rule, layout[t].name), std::span<const TensorReader>(deltas),
+                     checked.weights, out, work);
     const std::span<float> outer = keeps_state ? std::span<float>(state.outer_state[t].values) : std::span<float>();
     const std::span<float> momentum(state.momentum[t].values);
     QuantizedTensor q;

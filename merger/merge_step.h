@@ -16,15 +16,17 @@
 #include "core/codec/messages.h"
 #include "core/fragments/layout.h"
 #include "merger/aggregate.h"
+#include "merger/delta_tensors.h"
 
 namespace diloco {
 
 // One input of a merge: which delta (ref.weight is the raw weight, ref.staleness is relative to
-// the version merged onto) and its decoded tensors in layout order. The tensors are a view: the
-// caller keeps them alive for the call.
+// the version merged onto) and its tensors in layout order, fp32 or as they travelled (INT8 and
+// INT4 are dequantized range by range during the merge). The tensors are a view: the caller keeps
+// them alive for the call.
 struct MergeInput {
   DeltaRef ref;
-  std::span<const DenseTensor> tensors;
+  DeltaView tensors;
 };
 
 struct MergeOptions {

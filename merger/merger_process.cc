@@ -401,7 +401,7 @@ void MergerProcess::handle_delta(ConsumedMessage record) {
   if (message.end() > message.offset) spans_[{message.topic, message.partition}][message.offset] = message.end();
   Delta delta;
   try {
-    delta = decode_delta(message.value, limits());
+    delta = decode_delta(message.value, limits(), DeltaValues::AsSent);
   } catch (const Rejection& e) {
     reject(message, reject_reason_name(e.reason), e.what());
     return;
@@ -424,7 +424,7 @@ void MergerProcess::handle_delta(ConsumedMessage record) {
   metrics_.add("deltas_received_total", 1, {{"region", delta.header.region}});
   metrics_.add("delta_wire_bytes_total", static_cast<double>(message.value.size()));
   auto dropped = f.merger->offer(delta_ref(delta.header, {message.topic, message.partition, message.offset}),
-                                 std::move(delta.tensors), now());
+                                 DeltaTensors(std::move(delta)), now());
   if (dropped) metrics_.add("deltas_dropped_total", 1, {{"reason", drop_reason_name(dropped->reason)}});
 }
 

@@ -81,7 +81,7 @@ Delta logged_delta(const LogContext& ctx, const DeltaMessages& messages, const D
   if (it == messages.end())
     throw InvalidInput("delta " + describe(ref.position) + " named by the merge record at " +
                        describe(named_by) + " is missing from the log (deleted by retention?)");
-  Delta d = decode_delta(it->second->value, ctx.limits);
+  Delta d = decode_delta(it->second->value, ctx.limits, DeltaValues::AsSent);
   if (d.header.learner_id != ref.learner_id || d.header.seq != ref.seq)
     throw InvalidInput("delta " + describe(ref.position) + " is not the one the merge record at " +
                        describe(named_by) + " names (learner " + d.header.learner_id + " seq " +
@@ -109,11 +109,11 @@ void apply_logged_merge(const LogContext& ctx, FragmentState& state, const Logge
     account(state, r);
     return;
   }
-  std::vector<std::vector<DenseTensor>> tensors;
-  tensors.reserve(r.inputs.size());
-  for (const auto& in : r.inputs) tensors.push_back(logged_delta(ctx, messages, in, merge.position).tensors);
+  std::vector<Delta> deltas;
+  deltas.reserve(r.inputs.size());
+  for (const auto& in : r.inputs) deltas.push_back(logged_delta(ctx, messages, in, merge.position));
   std::vector<MergeInput> inputs;
-  for (size_t i = 0; i < r.inputs.size(); ++i) inputs.push_back(MergeInput{r.inputs[i], tensors[i]});
+  for (size_t i = 0; i < r.inputs.size(); ++i) inputs.push_back(MergeInput{r.inputs[i], deltas[i]});
   MergeOptions options = recorded_merge_options(r, ctx.setup->layout.fragments.at(state.fragment));
   options.pool = ctx.pool;
   FragmentState next;

@@ -66,7 +66,8 @@ void apply_logged_merge(const LogContext& ctx, FragmentState& state, const Logge
 using DeltaMessages = std::map<std::tuple<std::string, int32_t, int64_t>, const ConsumedMessage*>;
 DeltaMessages index_by_position(const std::vector<ConsumedMessage>& messages);
 
-// The delta `ref` names, decoded from `messages` and checked to be that learner's seq. Throws
+// The delta `ref` names, decoded from `messages` (INT8 and INT4 tensors kept as they travelled:
+// DeltaValues::AsSent) and checked to be that learner's seq. Throws
 // InvalidInput naming the delta and the record at `named_by` when it is missing or another one.
 Delta logged_delta(const LogContext& ctx, const DeltaMessages& messages, const DeltaRef& ref,
                    const LogPosition& named_by);

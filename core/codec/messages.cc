@@ -129,19 +129,25 @@ std::vector<uint8_t> encode_delta(const DeltaHeader& header, std::span<const Den
   return finish_delta(fbb, header, codec, tensor_vector, options.zstd_level);
 }
 
-Delta decode_delta(std::span<const uint8_t> bytes, const DecodeLimits& limits) {
+Delta decode_delta(std::span<const uint8_t> bytes, const DecodeLimits& limits, DeltaValues values) {
   Delta out;
-  decode_delta(bytes, limits, out);
+  decode_delta(bytes, limits, out, values);
   return out;
 }
 
-void decode_delta(std::span<const uint8_t> bytes, const DecodeLimits& limits, Delta& out) {
+void decode_delta(std::span<const uint8_t> bytes, const DecodeLimits& limits, Delta& out, DeltaValues values) {
   DILOCO_ENFORCE(limits.layout != nullptr, "decode_delta needs DecodeLimits::layout");
   const wire::Delta& m = open_delta(bytes, limits);
   out.header = read_delta_header(m, limits);
   const WireCodec codec = check_codec(m.codec());
-  decode_tensors(m.tensors(), fragment_specs(m.fragment(), limits), codec, "tensors",
-                 out.tensors);
+  const auto& specs = fragment_specs(m.fragment(), limits);
+  if (values == DeltaValues::AsSent && (codec.dtype == DType::INT8 || codec.dtype == DType::INT4)) {
+    decode_quantized(m.tensors(), specs, codec, "tensors", out.quantized);
+    out.tensors.clear();
+  } else {
+    decode_tensors(m.tensors(), specs, codec, "tensors", out.tensors);
+    out.quantized.clear();
+  }
   out.dtype = codec.dtype;
   out.block_size = codec.block_size;
   out.byte_shuffle = codec.byte_shuffle;

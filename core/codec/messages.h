@@ -77,9 +77,16 @@ struct Delta {
   DType dtype = DType::F32;
   uint32_t block_size = 0;
   bool byte_shuffle = false;
-  std::vector<DenseTensor> tensors;  // dequantized to fp32
+  std::vector<DenseTensor> tensors;  // dequantized to fp32 (empty when `quantized` holds them)
+  // DeltaValues::AsSent and an INT8 or INT4 delta: the tensors as they travelled (payload and
+  // scales, 1 or 0.5 bytes per value), `tensors` empty. Empty otherwise.
+  std::vector<QuantizedTensor> quantized;
   size_t wire_bytes = 0;             // size of the compressed message it came from
 };
+
+// How decode_delta hands out tensors: all dequantized to fp32, or INT8 and INT4 ones kept as
+// they travelled (for a reader that holds many deltas; merger/delta_tensors.h reads them).
+enum class DeltaValues : uint8_t { Dense, AsSent };
 
 // Tensors must already be quantized (the learner quantizes through ErrorFeedback).
 std::vector<uint8_t> encode_delta(const DeltaHeader& header, std::span<const QuantizedTensor> tensors,
@@ -87,10 +94,12 @@ std::vector<uint8_t> encode_delta(const DeltaHeader& header, std::span<const Qua
 // Convenience: quantize dense tensors (no error feedback) and encode.
 std::vector<uint8_t> encode_delta(const DeltaHeader& header, std::span<const DenseTensor> tensors,
                                   const CodecOptions& options);
-Delta decode_delta(std::span<const uint8_t> bytes, const DecodeLimits& limits);
+Delta decode_delta(std::span<const uint8_t> bytes, const DecodeLimits& limits,
+                   DeltaValues values = DeltaValues::Dense);
 // Same, into `out`, reusing its tensors' memory: a reader decoding delta after delta of the same
 // fragment then neither allocates nor page-faults. On Rejection `out` holds garbage.
-void decode_delta(std::span<const uint8_t> bytes, const DecodeLimits& limits, Delta& out);
+void decode_delta(std::span<const uint8_t> bytes, const DecodeLimits& limits, Delta& out,
+                  DeltaValues values = DeltaValues::Dense);
 // Header only (no tensor decoding): for routing and inspection; still verifies the buffer.
 DeltaHeader peek_delta_header(std::span<const uint8_t> bytes, const DecodeLimits& limits);
 

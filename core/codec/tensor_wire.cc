@@ -354,15 +354,25 @@ WireCodec check_codec(const wire::Codec* codec) {
   return c;
 }
 
-void decode_tensors(const TensorVector* tensors, const std::vector<TensorSpec>& specs,
-                    const WireCodec& codec, const char* field, std::vector<DenseTensor>& out) {
+namespace {
+
+// Every check of decode_tensors that needs no decoding: the count, then each tensor's index,
+// shape, scales and payload size.
+void check_tensors(const TensorVector* tensors, const std::vector<TensorSpec>& specs, const WireCodec& codec,
+                   const char* field) {
   if (!tensors) reject(RejectReason::MissingField, std::string(field) + " is missing");
   if (tensors->size() != specs.size())
     reject(RejectReason::TensorCountMismatch, detail::concat(field, ": ", tensors->size(),
                                                              " tensors, layout has ",
                                                              specs.size()));
   for (size_t k = 0; k < specs.size(); ++k) check_tensor(*tensors->Get(k), k, specs, codec);
+}
 
+}  // namespace
+
+void decode_tensors(const TensorVector* tensors, const std::vector<TensorSpec>& specs,
+                    const WireCodec& codec, const char* field, std::vector<DenseTensor>& out) {
+  check_tensors(tensors, specs, codec, field);
   out.resize(specs.size());
   for (size_t k = 0; k < specs.size(); ++k) {
     DenseTensor& t = out[k];
@@ -374,6 +384,26 @@ void decode_tensors(const TensorVector* tensors, const std::vector<TensorSpec>& 
     if ((codec.dtype == DType::F32 || codec.dtype == DType::BF16) &&
         !all_finite(t.values.data(), t.values.size()))
       reject(RejectReason::NonFinite, tensor_name(specs, k) + ": NaN or Inf in values");
+  }
+}
+
+void decode_quantized(const TensorVector* tensors, const std::vector<TensorSpec>& specs,
+                      const WireCodec& codec, const char* field, std::vector<QuantizedTensor>& out) {
+  DILOCO_ENFORCE(codec.dtype == DType::INT8 || codec.dtype == DType::INT4,
+                 "decode_quantized keeps INT8 and INT4 tensors only, not ", dtype_name(codec.dtype));
+  check_tensors(tensors, specs, codec, field);  // elements of one byte: nothing to unshuffle
+  out.resize(specs.size());
+  for (size_t k = 0; k < specs.size(); ++k) {
+    const wire::Tensor& t = *tensors->Get(k);
+    QuantizedTensor& q = out[k];
+    q.index = static_cast<uint32_t>(k);
+    q.shape = specs[k].shape;
+    q.dtype = codec.dtype;
+    q.block_size = codec.block_size;
+    const auto scales = span_of(t.scales());
+    const auto payload = span_of(t.payload());
+    q.scales.assign(scales.begin(), scales.end());
+    q.payload.assign(payload.begin(), payload.end());
   }
 }
 

@@ -107,5 +107,10 @@ WireCodec check_codec(const wire::Codec* codec);
 // reused.
 void decode_tensors(const TensorVector* tensors, const std::vector<TensorSpec>& specs,
                     const WireCodec& codec, const char* field, std::vector<DenseTensor>& out);
+// The same checks for an INT8 or INT4 codec, keeping each tensor as it travelled (its payload
+// bytes and scales copied, nothing dequantized): int8/int4 values are finite once their scales
+// are, so nothing is left unchecked. `out` is resized and its vectors reused.
+void decode_quantized(const TensorVector* tensors, const std::vector<TensorSpec>& specs,
+                      const WireCodec& codec, const char* field, std::vector<QuantizedTensor>& out);
 
 }  // namespace diloco::tensor_wire

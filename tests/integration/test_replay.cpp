@@ -14,6 +14,7 @@
 #include "core/kafka/producer.h"
 #include "tests/integration/child_process.h"
 #include "tests/integration/run_fixture.h"
+#include "tests/tensor_bits.h"
 
 using namespace diloco;
 using namespace std::chrono_literals;
@@ -90,14 +91,6 @@ std::vector<DenseTensor> archive_tensors(const std::string& path, const std::str
   return out;
 }
 
-bool same_bits(const std::vector<DenseTensor>& a, const std::vector<DenseTensor>& b) {
-  if (a.size() != b.size()) return false;
-  for (size_t t = 0; t < a.size(); ++t)
-    if (a[t].values.size() != b[t].values.size() ||
-        std::memcmp(a[t].values.data(), b[t].values.data(), a[t].values.size() * sizeof(float)) != 0)
-      return false;
-  return true;
-}
 
 std::unique_ptr<testing::ChildProcess> start(const std::string& dir, const std::string& id, std::vector<std::string> args) {
   args.insert(args.begin() + 1, {"-c", testing::tiny_config_path(), "--id", id, "--run-dir", dir + "/" + id});
@@ -269,7 +262,7 @@ TEST_CASE("diloco-replay verifies, rebuilds, lists and re-merges a run whose mer
     const std::string file = dir + "/delta.pt";
     Outcome dumped = run_replay(dir, common, {"dump", "--topic", "r1", "--partition", "1", "--offset", "0", "--out", file});
     REQUIRE(dumped.code == 0);
-    CHECK(same_bits(archive_tensors(file, "tensors", layout), delta.tensors));
+    CHECK(testing::same_bits(archive_tensors(file, "tensors", layout), delta.tensors));
     Outcome merge = run_replay(dir, common, {"show", "--merge", "--partition", "0", "--offset", "0"});
     CHECK(merge.code == 0);
     CHECK(merge.output.find("\"prev_version\": 0") != std::string::npos);

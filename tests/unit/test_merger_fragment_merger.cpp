@@ -222,7 +222,7 @@ TEST_CASE("the merge plan: inputs sorted by Kafka position, weighted, with the d
   CHECK(plan.inputs[1].ref.weight == 1000.0);
   CHECK(plan.inputs[2].ref.staleness == 1);
   CHECK(plan.inputs[2].ref.weight == 500.0);
-  CHECK(plan.inputs[2].tensors[0].values == std::vector<float>{3, -3});
+  CHECK(plan.tensors[2].dense[0].values == std::vector<float>{3, -3});
   REQUIRE(plan.dropped.size() == 2);
   CHECK(plan.dropped[0].delta.learner_id == "d");
   CHECK(plan.dropped[0].reason == DropReason::TooStale);
@@ -317,7 +317,7 @@ TEST_CASE("a newer delta of a learner supersedes its pending one", "[merger]") {
   const MergePlan plan = merge_all(m, 1.0);
   REQUIRE(plan.inputs.size() == 1);
   CHECK(plan.inputs[0].ref.seq == 4);
-  CHECK(plan.inputs[0].tensors[0].values == std::vector<float>{2, -2});
+  CHECK(plan.tensors[0].dense[0].values == std::vector<float>{2, -2});
   REQUIRE(plan.dropped.size() == 3);
   CHECK(plan.dropped[0].delta.seq == 3);
   CHECK(plan.dropped[1].delta.seq == 2);

@@ -12,8 +12,10 @@
 #include "merger/merge_step.h"
 #include "merger/outer_optimizer.h"
 #include "merger/weighting.h"
+#include "tests/tensor_bits.h"
 
 using namespace diloco;
+using diloco::testing::same_bits;
 
 namespace {
 
@@ -22,14 +24,7 @@ const std::vector<TensorSpec> kLayout{{"blocks.0.w", {2, 3}}, {"token_embedding"
 
 std::vector<DenseTensor> random_tensors(std::mt19937& rng, float scale,
                                        const std::vector<TensorSpec>& layout = kLayout) {
-  std::normal_distribution<float> dist(0.0f, scale);
-  std::vector<DenseTensor> out;
-  for (uint32_t t = 0; t < layout.size(); ++t) {
-    DenseTensor tensor{t, layout[t].shape, std::vector<float>(layout[t].numel())};
-    for (auto& v : tensor.values) v = dist(rng);
-    out.push_back(std::move(tensor));
-  }
-  return out;
+  return testing::random_tensors(rng, scale, layout);
 }
 
 FragmentState genesis(std::mt19937& rng) {
@@ -83,14 +78,6 @@ MergeOptions options(MergeRule rule = MergeRule::RadialDirectional,
   return o;
 }
 
-bool same_bits(const std::vector<DenseTensor>& a, const std::vector<DenseTensor>& b) {
-  if (a.size() != b.size()) return false;
-  for (size_t t = 0; t < a.size(); ++t)
-    if (a[t].shape != b[t].shape || a[t].values.size() != b[t].values.size() ||
-        std::memcmp(a[t].values.data(), b[t].values.data(), a[t].values.size() * 4) != 0)
-      return false;
-  return true;
-}
 
 // The merge written out from the formulas, in double, tensor by tensor.
 void reference_merge(const FragmentState& current, const std::vector<TestDelta>& deltas,

@@ -104,6 +104,15 @@ std::string name(RejectReason r) { return reject_reason_name(r); }
 #define CHECK_REJECTS(expr, reason) \
   CHECK(rejection([&] { (void)(expr); }) == name(RejectReason::reason))
 
+// decode_delta both ways, fp32 and int8/int4 kept as sent: the two must accept the same bytes or
+// reject them for the same reason. Returns (or throws) what the fp32 decoding does.
+Delta decode_both(std::span<const uint8_t> bytes, const DecodeLimits& limits) {
+  const std::string as_sent = rejection([&] { (void)decode_delta(bytes, limits, DeltaValues::AsSent); });
+  const std::string dense = rejection([&] { (void)decode_delta(bytes, limits); });
+  CHECK(as_sent == dense);
+  return decode_delta(bytes, limits);
+}
+
 // ---- a Delta built by hand ------------------------------------------------------------------
 
 struct RawTensor {
@@ -282,6 +291,44 @@ TEST_CASE("Delta of error-feedback tensors decodes to exactly what was quantized
     dequantize(quantized[k], want);
     CHECK(d.tensors[k].values == want);
   }
+}
+
+TEST_CASE("DeltaValues::AsSent keeps int8 and int4 tensors as they travelled, fp32 and bf16 decoded",
+          "[codec][messages]") {
+  const auto dtype = GENERATE(DType::F32, DType::BF16, DType::INT8, DType::INT4);
+  const bool shuffle = GENERATE(false, true);
+  const uint32_t block = GENERATE(16u, 5u);
+  INFO(dtype_name(dtype) << (shuffle ? " shuffled" : "") << " block " << block);
+  const auto layout = make_layout();
+  const auto limits = limits_for(layout);
+  const auto header = make_header(0);
+  const auto bytes = encode(header, dense_fragment(layout, 0, 13), codec(dtype, shuffle, block));
+  const Delta dense = decode_delta(bytes, limits);
+  Delta as_sent;
+  decode_delta(bytes, limits, as_sent, DeltaValues::AsSent);
+  check_header(as_sent.header, header);
+  CHECK(as_sent.wire_bytes == bytes.size());
+  const bool kept = dtype == DType::INT8 || dtype == DType::INT4;
+  REQUIRE(as_sent.quantized.size() == (kept ? dense.tensors.size() : 0));
+  REQUIRE(as_sent.tensors.size() == (kept ? 0 : dense.tensors.size()));
+  for (size_t k = 0; k < dense.tensors.size(); ++k) {
+    if (!kept) {
+      CHECK(as_sent.tensors[k].values == dense.tensors[k].values);
+      continue;
+    }
+    const QuantizedTensor& q = as_sent.quantized[k];
+    CHECK(q.index == k);
+    CHECK(q.shape == layout.fragments[0][k].shape);
+    CHECK(q.dtype == dtype);
+    CHECK(q.block_size == block);
+    std::vector<float> values(dense.tensors[k].values.size());
+    dequantize(q, values);
+    CHECK(values == dense.tensors[k].values);  // the very values the fp32 decoding gives
+  }
+  // Decoding into the same Delta again, the other way, leaves no stale list behind.
+  decode_delta(bytes, limits, as_sent);
+  CHECK(as_sent.quantized.empty());
+  CHECK(as_sent.tensors.size() == dense.tensors.size());
 }
 
 TEST_CASE("the encoder refuses tensors that do not match its codec", "[codec][messages]") {
@@ -747,9 +794,9 @@ TEST_CASE("rejected: framing", "[codec][reject]") {
   SECTION("wrong file identifier") {
     RawDelta r;
     r.identifier = "DPRM";
-    CHECK_REJECTS(decode_delta(build(r), limits), BadFlatbuffer);
+    CHECK_REJECTS(decode_both(build(r), limits), BadFlatbuffer);
     r.identifier = nullptr;
-    CHECK_REJECTS(decode_delta(build(r), limits), BadFlatbuffer);
+    CHECK_REJECTS(decode_both(build(r), limits), BadFlatbuffer);
     FragmentParams params;
     params.run_id = "run-1";
     params.fingerprint = layout.fingerprint;
@@ -785,7 +832,7 @@ TEST_CASE("rejected: every flipped bit, never a crash, never a different delta",
       flipped[byte] ^= static_cast<uint8_t>(1u << bit);
       INFO("byte " << byte << " of " << bytes.size() << ", bit " << bit);
       Delta got;
-      const std::string outcome = rejection([&] { got = decode_delta(flipped, limits); });
+      const std::string outcome = rejection([&] { got = decode_both(flipped, limits); });
       ++total;
       if (outcome != "accepted") continue;
       ++accepted;
@@ -880,31 +927,31 @@ TEST_CASE("rejected: schema version, run id, fingerprint, fragment", "[codec][re
   RawDelta r;
   SECTION("unknown schema version") {
     r.schema_version = kSchemaVersion + 1;
-    CHECK_REJECTS(decode_delta(build(r), limits), UnknownSchemaVersion);
+    CHECK_REJECTS(decode_both(build(r), limits), UnknownSchemaVersion);
     r.schema_version = 0;
-    CHECK_REJECTS(decode_delta(build(r), limits), UnknownSchemaVersion);
+    CHECK_REJECTS(decode_both(build(r), limits), UnknownSchemaVersion);
   }
   SECTION("wrong run id") {
     limits.run_id = "run-2";
-    CHECK_REJECTS(decode_delta(build(r), limits), WrongRunId);
+    CHECK_REJECTS(decode_both(build(r), limits), WrongRunId);
     CHECK_REJECTS(peek_delta_header(build(r), limits), WrongRunId);
   }
   SECTION("missing run id") {
     r.run_id.reset();
-    CHECK_REJECTS(decode_delta(build(r), limits), MissingField);
+    CHECK_REJECTS(decode_both(build(r), limits), MissingField);
   }
   SECTION("wrong fingerprint") {
     r.fingerprint ^= 1;
-    CHECK_REJECTS(decode_delta(build(r), limits), WrongFingerprint);
+    CHECK_REJECTS(decode_both(build(r), limits), WrongFingerprint);
     CHECK_REJECTS(peek_delta_header(build(r), limits), WrongFingerprint);
   }
   SECTION("fragment out of range") {
     r.fragment = 2;
-    CHECK_REJECTS(decode_delta(build(r), limits), FragmentOutOfRange);
+    CHECK_REJECTS(decode_both(build(r), limits), FragmentOutOfRange);
     CHECK_REJECTS(peek_delta_header(build(r), limits), FragmentOutOfRange);
     auto header = make_header(0);
     header.fragment = 0xFFFFFFFF;
-    CHECK_REJECTS(decode_delta(encode(header, dense_fragment(layout, 0, 1), codec(DType::INT8)),
+    CHECK_REJECTS(decode_both(encode(header, dense_fragment(layout, 0, 1), codec(DType::INT8)),
                                limits),
                   FragmentOutOfRange);
   }
@@ -918,40 +965,40 @@ TEST_CASE("rejected: tensors against the layout", "[codec][reject]") {
 
   SECTION("a tensor missing") {
     tensors.pop_back();
-    CHECK_REJECTS(decode_delta(encode(header, tensors, codec(DType::INT4)), limits),
+    CHECK_REJECTS(decode_both(encode(header, tensors, codec(DType::INT4)), limits),
                   TensorCountMismatch);
   }
   SECTION("no tensors at all") {
-    CHECK_REJECTS(decode_delta(encode(header, {}, codec(DType::INT4)), limits),
+    CHECK_REJECTS(decode_both(encode(header, {}, codec(DType::INT4)), limits),
                   TensorCountMismatch);
     RawDelta r;
     r.tensors.reset();
-    CHECK_REJECTS(decode_delta(build(r), limits), MissingField);
+    CHECK_REJECTS(decode_both(build(r), limits), MissingField);
   }
   SECTION("100000 empty tensors") {
     RawDelta r;
     r.tensors = std::vector<RawTensor>(100000);
-    CHECK_REJECTS(decode_delta(build(r), limits), TensorCountMismatch);
+    CHECK_REJECTS(decode_both(build(r), limits), TensorCountMismatch);
   }
   SECTION("same number of values, another shape") {
     tensors[0].shape = {33, 4};
-    CHECK_REJECTS(decode_delta(encode(header, tensors, codec(DType::INT8)), limits),
+    CHECK_REJECTS(decode_both(encode(header, tensors, codec(DType::INT8)), limits),
                   ShapeMismatch);
   }
   SECTION("a shape of another rank") {
     tensors[2].shape = {3, 5};
-    CHECK_REJECTS(decode_delta(encode(header, tensors, codec(DType::F32)), limits),
+    CHECK_REJECTS(decode_both(encode(header, tensors, codec(DType::F32)), limits),
                   ShapeMismatch);
   }
   SECTION("tensors out of order") {
     std::swap(tensors[0].index, tensors[1].index);
-    CHECK_REJECTS(decode_delta(encode(header, tensors, codec(DType::BF16)), limits),
+    CHECK_REJECTS(decode_both(encode(header, tensors, codec(DType::BF16)), limits),
                   ShapeMismatch);
   }
   SECTION("shape missing") {
     RawDelta r;
     (*r.tensors)[0].shape.reset();
-    CHECK_REJECTS(decode_delta(build(r), limits), ShapeMismatch);
+    CHECK_REJECTS(decode_both(build(r), limits), ShapeMismatch);
   }
 }
 
@@ -962,46 +1009,46 @@ TEST_CASE("rejected: codec", "[codec][reject]") {
   auto& t = (*r.tensors)[0];
   SECTION("unknown dtype") {
     r.dtype = 4;
-    CHECK_REJECTS(decode_delta(build(r), limits), BadCodec);
+    CHECK_REJECTS(decode_both(build(r), limits), BadCodec);
   }
   SECTION("block size 0") {
     r.block_size = 0;
-    CHECK_REJECTS(decode_delta(build(r), limits), BadCodec);
+    CHECK_REJECTS(decode_both(build(r), limits), BadCodec);
   }
   SECTION("block size above 2^20") {
     r.block_size = (1u << 20) + 1;
     t.scales = std::vector<float>{0.5f};
-    CHECK_REJECTS(decode_delta(build(r), limits), BadCodec);
+    CHECK_REJECTS(decode_both(build(r), limits), BadCodec);
   }
   SECTION("fp32 with a block size") {
     r.dtype = 0;
     r.block_size = 2;
     t.scales.reset();
     t.payload = std::vector<uint8_t>(16);
-    CHECK_REJECTS(decode_delta(build(r), limits), BadCodec);
+    CHECK_REJECTS(decode_both(build(r), limits), BadCodec);
   }
   SECTION("scale count") {
     t.scales = std::vector<float>{0.5f};
-    CHECK_REJECTS(decode_delta(build(r), limits), BadCodec);
+    CHECK_REJECTS(decode_both(build(r), limits), BadCodec);
     t.scales.reset();
-    CHECK_REJECTS(decode_delta(build(r), limits), BadCodec);
+    CHECK_REJECTS(decode_both(build(r), limits), BadCodec);
   }
   SECTION("payload size") {
     t.payload = std::vector<uint8_t>{1, 2, 3};
-    CHECK_REJECTS(decode_delta(build(r), limits), BadCodec);
+    CHECK_REJECTS(decode_both(build(r), limits), BadCodec);
     t.payload = std::vector<uint8_t>(5);
-    CHECK_REJECTS(decode_delta(build(r), limits), BadCodec);
+    CHECK_REJECTS(decode_both(build(r), limits), BadCodec);
     r.dtype = 3;  // INT4: 4 values are 2 bytes
     t.payload = std::vector<uint8_t>(4);
-    CHECK_REJECTS(decode_delta(build(r), limits), BadCodec);
+    CHECK_REJECTS(decode_both(build(r), limits), BadCodec);
   }
   SECTION("negative scale") {
     t.scales = std::vector<float>{0.5f, -0.25f};
-    CHECK_REJECTS(decode_delta(build(r), limits), BadCodec);
+    CHECK_REJECTS(decode_both(build(r), limits), BadCodec);
   }
   SECTION("codec missing") {
     r.has_codec = false;
-    CHECK_REJECTS(decode_delta(build(r), limits), MissingField);
+    CHECK_REJECTS(decode_both(build(r), limits), MissingField);
   }
 }
 
@@ -1019,27 +1066,27 @@ TEST_CASE("rejected: non-finite values and scales", "[codec][reject]") {
           auto with_bad = tensors;
           with_bad[1].values[3] = bad;
           INFO(dtype_name(dtype) << " shuffle " << shuffle << " value " << bad);
-          CHECK_REJECTS(decode_delta(encode(header, with_bad, codec(dtype, shuffle)), limits),
+          CHECK_REJECTS(decode_both(encode(header, with_bad, codec(dtype, shuffle)), limits),
                         NonFinite);
         }
   }
   SECTION("NaN in int8/int4 values gives a NaN scale") {
     tensors[0].values[100] = kNaN;
     for (DType dtype : {DType::INT8, DType::INT4})
-      CHECK_REJECTS(decode_delta(encode(header, tensors, codec(dtype)), limits), NonFinite);
+      CHECK_REJECTS(decode_both(encode(header, tensors, codec(dtype)), limits), NonFinite);
   }
   SECTION("NaN, Inf and overflowing scales, by hand") {
     for (float scale : {kNaN, kInf, 1e38f}) {
       RawDelta r;
       (*r.tensors)[0].scales = std::vector<float>{0.5f, scale};
       INFO("scale " << scale);
-      CHECK_REJECTS(decode_delta(build(r), limits), NonFinite);
+      CHECK_REJECTS(decode_both(build(r), limits), NonFinite);
     }
   }
   SECTION("train loss") {
     RawDelta r;
     r.train_loss = kNaN;
-    CHECK_REJECTS(decode_delta(build(r), limits), NonFinite);
+    CHECK_REJECTS(decode_both(build(r), limits), NonFinite);
   }
 }
 
@@ -1056,7 +1103,7 @@ TEST_CASE("rejected: counters", "[codec][reject]") {
   }
   SECTION("absurd base version") { r.base_version = (1ull << 48) + 1; }
   SECTION("absurd seq") { r.seq = ~0ull; }
-  CHECK_REJECTS(decode_delta(build(r), limits), BadCounter);
+  CHECK_REJECTS(decode_both(build(r), limits), BadCounter);
   CHECK_REJECTS(peek_delta_header(build(r), limits), BadCounter);
 }
 
@@ -1067,7 +1114,7 @@ TEST_CASE("rejected: missing strings", "[codec][reject]") {
   SECTION("learner id") { r.learner_id.reset(); }
   SECTION("empty learner id") { r.learner_id = ""; }
   SECTION("region") { r.region.reset(); }
-  CHECK_REJECTS(decode_delta(build(r), limits), MissingField);
+  CHECK_REJECTS(decode_both(build(r), limits), MissingField);
 }
 
 TEST_CASE("peek_delta_header reads the header only", "[codec][reject]") {

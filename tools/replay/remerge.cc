@@ -100,7 +100,7 @@ void remerge_as_recorded(const ReplayRun& run, const RemergeOptions& o, const Fr
     for (size_t i = 0; i < decoded.size(); ++i) {
       DeltaRef ref = merge.record.inputs[i];
       weigh(ref, state.version, options.hyper);
-      inputs.push_back({ref, decoded[i].tensors});
+      inputs.push_back({ref, decoded[i]});
     }
     rescale_share(o, merge.record, inputs, options);
     merge_step(state, inputs, options, next);
@@ -148,7 +148,7 @@ void remerge_regrouped(const ReplayRun& run, const RemergeOptions& o, const Frag
       DeltaRef ref = delta_ref(delta.header, position);
       ref.base_version = translate(ref.base_version);
       now += 1;
-      merger.offer(std::move(ref), std::move(delta.tensors), now);
+      merger.offer(std::move(ref), DeltaTensors(std::move(delta)), now);
       while (merger.poll(now, {}, no_grace)) {
         MergePlan plan = merger.take_merge_inputs(now);
         set_merge_share(options, plan.inputs, population.size(), run.config.merger.share_scaling);
