@@ -77,11 +77,16 @@ class MergerProcess : public RebalanceListener {
  private:
   double now() const { return std::chrono::duration<double>(Clock::now() - start_).count(); }
   DecodeLimits limits() const {
-    return run_decode_limits(o_.config, setup_.layout);
+    return run_decode_limits(o_.config, layout_);
   }
   LogContext log_context() const {
-    return LogContext{.kafka = o_.kafka, .topics = topics_, .config = &o_.config, .setup = &setup_, .limits = limits(),
-                      .pool = &pool_};
+    return LogContext{.kafka = o_.kafka, .topics = topics_, .config = &o_.config, .layout = &layout_,
+                      .genesis = [this](uint32_t p) { return genesis_state(o_.config, seeded_model(), p); },
+                      .limits = limits(), .pool = &pool_};
+  }
+  const ModelSetup& seeded_model() const {
+    if (!model_) model_.emplace(build_model(o_.config));
+    return *model_;
   }
   std::vector<uint32_t> fragments_of(int32_t partition) const;
   InputBounds input_bounds() const {
@@ -130,7 +135,12 @@ class MergerProcess : public RebalanceListener {
   const MergerFaults faults_ = MergerFaults::from_environment();
   mutable WorkPool pool_;  // shares each merge's arithmetic (live merges and recovery)
   int recoveries_ = 0;  // recoveries attempted
-  ModelSetup setup_;
+  // The seeded model only while a recovery may need version 0 of a fragment: from the start to the
+  // end of the first recovery (which writes genesis checkpoints), and rebuilt by a later recovery
+  // only for a fragment the logs hold no checkpoint of. Kept for good it would cost 4 bytes per
+  // parameter of every fragment, owned or not.
+  mutable std::optional<ModelSetup> model_;
+  FragmentLayout layout_;
   RunTopics topics_;
   Metrics metrics_{"diloco_merger_"};
   std::unique_ptr<JsonLines> log_;
@@ -170,7 +180,7 @@ class MergerProcess : public RebalanceListener {
 };
 
 MergerProcess::MergerProcess(const MergerOptions& options, const std::atomic<bool>& stop)
-    : o_(options), t_(options.timeouts), stop_(stop), pool_(options.merge_threads), setup_(build_model(options.config)), topics_{options.config.run.id},
+    : o_(options), t_(options.timeouts), stop_(stop), pool_(options.merge_threads), model_(build_model(options.config)), layout_(model_->layout), topics_{options.config.run.id},
       grace_(GraceWindowOptions{.gamma = options.config.merger.grace_gamma,
                                 .tau = options.config.merger.grace_tau,
                                 .cap_step_times = options.config.merger.grace_cap_steps,
@@ -178,7 +188,7 @@ MergerProcess::MergerProcess(const MergerOptions& options, const std::atomic<boo
       membership_(options.config.merger.liveness_seconds) {
   // A config whose chunks cannot fit one Kafka record, or whose messages one buffer, is refused
   // at start-up.
-  check_message_sizes(o_.config, setup_.layout, o_.kafka.max_message_bytes);
+  check_message_sizes(o_.config, layout_, o_.kafka.max_message_bytes);
   chunks_ = std::make_unique<ChunkAssembler>(limits());
 }
 
@@ -191,7 +201,7 @@ void MergerProcess::log(nlohmann::json record) {
 
 std::vector<uint32_t> MergerProcess::fragments_of(int32_t partition) const {
   std::vector<uint32_t> out;
-  for (uint32_t p = static_cast<uint32_t>(partition); p < setup_.layout.num_fragments(); p += static_cast<uint32_t>(partitions_))
+  for (uint32_t p = static_cast<uint32_t>(partition); p < layout_.num_fragments(); p += static_cast<uint32_t>(partitions_))
     out.push_back(p);
   return out;
 }
@@ -274,6 +284,7 @@ void MergerProcess::recover(const std::set<int32_t>& partitions) {
     }
   }
   write_genesis(genesis);
+  model_.reset();
   // Nothing is broadcast: learners hold what the logs hold (they start from the `state` topic) and
   // ask for a snapshot when this merger's heartbeat, sent next, names a version they lack.
   for (auto& [p, f] : owned_) f.params_message.clear();
@@ -477,7 +488,7 @@ void MergerProcess::merge(uint32_t p, const std::vector<std::string>& live) {
   const RoundTiming timing = round_timing(*f.merger, plan, live);
 
   MergeOptions options{.rule = merge_rule(o_.config), .optimizer = outer_optimizer(o_.config),
-                       .hyper = outer_hyper(o_.config), .tensors = setup_.layout.fragments[p],
+                       .hyper = outer_hyper(o_.config), .tensors = layout_.fragments[p],
                        .downlink = downlink_codec(o_.config), .change = &f.change, .pool = &pool_};
   const bool share_scaling = o_.config.merger.share_scaling;
   set_merge_share(options, plan.inputs, share_scaling ? live.size() : 0, share_scaling);
@@ -553,7 +564,7 @@ void MergerProcess::abandon_merge(uint32_t p, MergePlan& plan, const std::string
 const std::vector<uint8_t>& MergerProcess::snapshot_message(uint32_t p) {
   auto& f = owned_.at(p);
   if (f.params_message.empty()) {
-    FragmentParams params{.run_id = o_.config.run.id, .fingerprint = setup_.layout.fingerprint, .fragment = p,
+    FragmentParams params{.run_id = o_.config.run.id, .fingerprint = layout_.fingerprint, .fragment = p,
                           .version = f.state.version, .checksum = f.state.checksum,
                           .merger_instance = o_.instance_id, .epoch = epoch_, .tensors = f.state.params};
     f.params_message = encode_fragment_params(params);
@@ -577,7 +588,7 @@ void MergerProcess::publish_snapshot_to(const std::string& subscriber, uint32_t 
 // snapshot). The snapshot of the new version is encoded only when someone asks for it.
 void MergerProcess::publish_update(uint32_t p) {
   auto& f = owned_.at(p);
-  FragmentParams header{.run_id = o_.config.run.id, .fingerprint = setup_.layout.fingerprint, .fragment = p,
+  FragmentParams header{.run_id = o_.config.run.id, .fingerprint = layout_.fingerprint, .fragment = p,
                         .version = f.state.version, .checksum = f.state.checksum,
                         .merger_instance = o_.instance_id, .epoch = epoch_, .update = true,
                         .base_version = f.state.version - 1};
@@ -636,7 +647,7 @@ void MergerProcess::announce_round(uint32_t p) {
   auto& f = owned_.at(p);
   const double grace = f.merger->granted_grace();
   if (!(grace > 0)) return;
-  RoundOpen notice{.run_id = o_.config.run.id, .fingerprint = setup_.layout.fingerprint, .fragment = p,
+  RoundOpen notice{.run_id = o_.config.run.id, .fingerprint = layout_.fingerprint, .fragment = p,
                    .version = f.state.version, .pending = static_cast<uint32_t>(f.merger->pending_learners()),
                    .grace_ms = static_cast<uint32_t>(std::min(grace * 1e3, 4e9)), .merger_instance = o_.instance_id,
                    .epoch = epoch_, .time_us = unix_us()};
@@ -678,7 +689,7 @@ void MergerProcess::announce(bool leaving) {
 // An accounting-only record of fragment p: the version stays, `dropped` are accounted for.
 MergeRecord MergerProcess::accounting_record(uint32_t p, std::vector<DroppedDelta> dropped) const {
   const auto& f = owned_.at(p);
-  return MergeRecord{.run_id = o_.config.run.id, .fingerprint = setup_.layout.fingerprint, .fragment = p,
+  return MergeRecord{.run_id = o_.config.run.id, .fingerprint = layout_.fingerprint, .fragment = p,
                      .version = f.state.version, .prev_version = f.state.version, .dropped = std::move(dropped),
                      .rule = merge_rule(o_.config), .optimizer = outer_optimizer(o_.config),
                      .hyper = outer_hyper(o_.config), .checksum = f.state.checksum,
@@ -752,7 +763,7 @@ int MergerProcess::run() {
                         .topics = {topics_.deltas_pattern()}, .session_timeout_ms = o_.session_timeout_ms};
   consumer_ = std::make_unique<Consumer>(group, this);
   log({{"event", "start"}, {"endpoint", advertised_}, {"partitions", partitions_},
-       {"fragments", setup_.layout.num_fragments()}, {"fingerprint", setup_.layout.fingerprint}});
+       {"fragments", layout_.num_fragments()}, {"fingerprint", layout_.fingerprint}});
   std::cerr << "merger " << o_.instance_id << ": publishing on " << advertised_ << ", joining group "
             << group.group_id << "\n";
 

@@ -75,6 +75,10 @@ DeltaMessages index_by_position(const std::vector<ConsumedMessage>& messages) {
   return by_position;
 }
 
+GenesisSource genesis_of(const RunConfig& config, const ModelSetup& setup) {
+  return [&config, &setup](uint32_t p) { return genesis_state(config, setup, p); };
+}
+
 Delta logged_delta(const LogContext& ctx, const DeltaMessages& messages, const DeltaRef& ref,
                    const LogPosition& named_by) {
   auto it = messages.find({ref.position.topic, ref.position.partition, ref.position.offset});
@@ -114,7 +118,7 @@ void apply_logged_merge(const LogContext& ctx, FragmentState& state, const Logge
   for (const auto& in : r.inputs) deltas.push_back(logged_delta(ctx, messages, in, merge.position));
   std::vector<MergeInput> inputs;
   for (size_t i = 0; i < r.inputs.size(); ++i) inputs.push_back(MergeInput{r.inputs[i], deltas[i]});
-  MergeOptions options = recorded_merge_options(r, ctx.setup->layout.fragments.at(state.fragment));
+  MergeOptions options = recorded_merge_options(r, ctx.layout->fragments.at(state.fragment));
   options.pool = ctx.pool;
   FragmentState next;
   MergeRecord rebuilt = merge_step(state, inputs, options, next);
@@ -193,7 +197,7 @@ std::map<uint32_t, RecoveredFragment> recover_partition(const LogContext& ctx, i
   int64_t from = -1;
   for (auto& [p, f] : out) {
     if (f.state.run_id.empty()) {
-      f.state = genesis_state(*ctx.config, *ctx.setup, p);
+      f.state = ctx.genesis(p);
       f.from_genesis = true;
     }
     int64_t start = f.state.last_merge ? f.state.last_merge->offset + 1 : 0;

@@ -30,11 +30,19 @@ OuterHyper outer_hyper(const RunConfig& config);
 // codec.downlink_dtype and codec.downlink_block_size (block size 0 unless int8 or int4).
 DownlinkCodec downlink_codec(const RunConfig& config);
 
+// Version 0 of fragment p, for a fragment that no checkpoint holds yet.
+using GenesisSource = std::function<FragmentState(uint32_t fragment)>;
+// genesis_state of an existing seeded model (both must outlive the result).
+GenesisSource genesis_of(const RunConfig& config, const ModelSetup& setup);
+
 struct LogContext {
   KafkaOptions kafka;
   RunTopics topics;
   const RunConfig* config = nullptr;
-  const ModelSetup* setup = nullptr;
+  const FragmentLayout* layout = nullptr;  // the run's fragment layout
+  // Called only for a fragment without a checkpoint, so that a merger need not keep the seeded
+  // model (4 bytes per parameter of every fragment) once its fragments are in the logs.
+  GenesisSource genesis;
   DecodeLimits limits;
   int timeout_ms = 120000;
   // How long a new owner waits for transactions still open on its partitions of `state` and

@@ -226,7 +226,8 @@ TEST_CASE("a new owner does not rebuild around an open transaction, it waits and
   predecessor.produce({.topic = topics.merges(), .partition = 0, .key = "0", .value = value}, 1, 10000);
   REQUIRE(predecessor.flush(20000) == 0);
 
-  LogContext ctx{.kafka = kafka, .topics = topics, .config = &config, .setup = &setup,
+  LogContext ctx{.kafka = kafka, .topics = topics, .config = &config, .layout = &setup.layout,
+                 .genesis = genesis_of(config, setup),
                  .limits = DecodeLimits{.run_id = run, .fingerprint = setup.layout.fingerprint, .layout = &setup.layout},
                  .stable_wait_ms = 1000};
   const std::vector<uint32_t> fragments{0};  // fragment 0 lives in partition 0 of 2
@@ -342,16 +343,40 @@ TEST_CASE("a run whose deltas and checkpoints travel in chunks survives a merger
     CHECK(*code == 0);
     CHECK(verify.log().find("PASS") != std::string::npos);
   }
-  // A new owner rebuilds each fragment from its chunked checkpoint and the records after it.
+  // A new owner rebuilds each fragment from its chunked checkpoint and the records after it, and
+  // never asks for version 0 (which would make a merger build the seeded model again).
   ModelSetup setup = build_model(c.config);
   DecodeLimits limits = run_decode_limits(c.config, setup.layout);
+  std::vector<uint32_t> genesis_asked;
   for (int32_t partition = 0; partition < 2; ++partition) {
-    LogContext ctx{.kafka = c.kafka, .topics = c.topics, .config = &c.config, .setup = &setup, .limits = limits};
+    LogContext ctx{.kafka = c.kafka, .topics = c.topics, .config = &c.config, .layout = &setup.layout,
+                   .genesis = [&](uint32_t p) {
+                     genesis_asked.push_back(p);
+                     return genesis_state(c.config, setup, p);
+                   },
+                   .limits = limits};
     auto recovered = recover_partition(ctx, partition, std::vector<uint32_t>{static_cast<uint32_t>(partition),
                                                                               static_cast<uint32_t>(partition + 2)});
     for (const auto& [p, f] : recovered) {
       CHECK_FALSE(f.from_genesis);
       CHECK(f.state.version == audit.versions[p].back().version);
     }
+  }
+  CHECK(genesis_asked.empty());
+  // A run the logs know nothing of: every fragment starts from version 0, asked for once each.
+  RunConfig other = c.config;
+  other.run.id = c.run + "-empty";
+  const RunTopics other_topics = testing::create_run(c.kafka, other.run.id, c.regions, 2);
+  LogContext empty{.kafka = c.kafka, .topics = other_topics, .config = &other, .layout = &setup.layout,
+                   .genesis = [&](uint32_t p) {
+                     genesis_asked.push_back(p);
+                     return genesis_state(other, setup, p);
+                   },
+                   .limits = run_decode_limits(other, setup.layout), .timeout_ms = 10000};
+  const auto fresh = recover_partition(empty, 0, std::vector<uint32_t>{0, 2});
+  CHECK(genesis_asked == std::vector<uint32_t>{0, 2});
+  for (const auto& [p, f] : fresh) {
+    CHECK(f.from_genesis);
+    CHECK(f.state.version == 0);
   }
 }

@@ -165,7 +165,8 @@ TEST_CASE("a merger restarted at a checkpoint does not merge a learner's progres
   CHECK(drops[2] == DropReason::Superseded);
 
   // The checkpoint was encoded before its record's offset was known; recovery finds the record.
-  LogContext ctx{.kafka = r.kafka, .topics = r.topics, .config = &r.config, .setup = &r.setup,
+  LogContext ctx{.kafka = r.kafka, .topics = r.topics, .config = &r.config, .layout = &r.setup.layout,
+                 .genesis = genesis_of(r.config, r.setup),
                  .limits = DecodeLimits{.run_id = r.run, .fingerprint = r.setup.layout.fingerprint, .layout = &r.setup.layout}};
   std::optional<LogPosition> produced_v1;
   for (const auto& m : read_merges(ctx, 0, -2))

@@ -62,7 +62,8 @@ DecodeLimits ReplayRun::limits() const {
 }
 
 LogContext ReplayRun::context() const {
-  return LogContext{.kafka = kafka, .topics = topics, .config = &config, .setup = &setup, .limits = limits(),
+  return LogContext{.kafka = kafka, .topics = topics, .config = &config, .layout = &setup.layout,
+                    .genesis = genesis_of(config, setup), .limits = limits(),
                     .timeout_ms = timeout_ms, .pool = pool.get()};
 }
 
