@@ -189,6 +189,7 @@ void ParamInbox::run() {
         continue;
       }
       const bool update = params.update;
+      const size_t wire_bytes = params.wire_bytes;
       if (update) {
         if (h == held.end() || h->second.version != params.base_version) {
           // Missed the version this update applies to (or joined after it): a snapshot is needed.
@@ -204,6 +205,8 @@ void ParamInbox::run() {
         }
       }
       ++received_;
+      (update ? update_bytes_ : snapshot_bytes_) += wire_bytes;
+      (update ? updates_ : snapshots_) += 1;
       metrics_.add("params_received_total", 1, {{"kind", update ? "update" : "snapshot"}});
       held[p] = params;
       wanted.erase(p);

@@ -58,6 +58,11 @@ class ParamInbox {
   uint64_t rejected() const { return rejected_; }
   // Payload bytes received from mergers over ZeroMQ (the learner's downlink), rejected messages too.
   uint64_t bytes_received() const { return bytes_received_; }
+  // Of the messages applied: how many were snapshots and updates, and their message bytes.
+  uint64_t snapshots() const { return snapshots_; }
+  uint64_t updates() const { return updates_; }
+  uint64_t snapshot_bytes() const { return snapshot_bytes_; }
+  uint64_t update_bytes() const { return update_bytes_; }
   std::vector<std::string> endpoints() const;
 
  private:
@@ -72,6 +77,7 @@ class ParamInbox {
   std::atomic<uint64_t> received_{0};
   std::atomic<uint64_t> rejected_{0};
   std::atomic<uint64_t> bytes_received_{0};
+  std::atomic<uint64_t> snapshots_{0}, updates_{0}, snapshot_bytes_{0}, update_bytes_{0};
   std::atomic<bool> stop_{false};
   std::thread thread_;
 };

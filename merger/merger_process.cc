@@ -283,8 +283,8 @@ void MergerProcess::recover(const std::set<int32_t>& partitions) {
       metrics_.set("fragment_version", static_cast<double>(owned_[p].state.version), {{"fragment", std::to_string(p)}});
     }
   }
+  model_.reset();  // before the genesis checkpoints are encoded: the peak of a first start
   write_genesis(genesis);
-  model_.reset();
   // Nothing is broadcast: learners hold what the logs hold (they start from the `state` topic) and
   // ask for a snapshot when this merger's heartbeat, sent next, names a version they lack.
   for (auto& [p, f] : owned_) f.params_message.clear();
@@ -482,6 +482,10 @@ RoundTiming MergerProcess::round_timing(const FragmentMerger& merger, const Merg
   return timing;
 }
 
+namespace {
+double seconds_between(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
+}  // namespace
+
 void MergerProcess::merge(uint32_t p, const std::vector<std::string>& live) {
   auto& f = owned_.at(p);
   MergePlan plan = f.merger->take_merge_inputs(now());
@@ -495,8 +499,11 @@ void MergerProcess::merge(uint32_t p, const std::vector<std::string>& live) {
   const uint64_t version = f.state.version;
   const uint64_t checksum = f.state.checksum;
   // In place: a fragment is held once (no second copy to write the next version into).
+  const auto t_step = Clock::now();
   MergeRecord record = merge_step_in_place(f.state, plan.inputs, options);
-  if (auto bad = first_non_finite(f.state)) {
+  const auto bad = first_non_finite(f.state);
+  const auto t_commit = Clock::now();
+  if (bad) {
     f.state.version = version;
     f.state.checksum = checksum;
     abandon_merge(p, plan, "the merge result is not finite (" + *bad + "): nothing of it was applied");
@@ -510,6 +517,7 @@ void MergerProcess::merge(uint32_t p, const std::vector<std::string>& live) {
   record.merge_time_us = unix_us();
   bool checkpoint = record.version % o_.config.merger.checkpoint_every == 0;
   commit(p, record, checkpoint);
+  const auto t_publish = Clock::now();
   f.params_message.clear();
   auto late_drops = f.merger->merge_committed(f.state.version);
   for (const auto& d : late_drops) metrics_.add("deltas_dropped_total", 1, {{"reason", drop_reason_name(d.reason)}});
@@ -517,6 +525,7 @@ void MergerProcess::merge(uint32_t p, const std::vector<std::string>& live) {
     publish(p);
   else
     publish_update(p);
+  const auto t_done = Clock::now();
   double sync = f.merger->published(now());
   grace_.observe_sync_time(sync);
 
@@ -543,7 +552,11 @@ void MergerProcess::merge(uint32_t p, const std::vector<std::string>& live) {
        {"sync_seconds", sync}, {"checksum", record.checksum},
        {"quorum_seconds", timing.quorum_seconds}, {"grace_seconds", timing.grace_seconds},
        {"grace_window", f.merger->granted_grace()}, {"live_learners", live.size()},
-       {"missed", timing.missed}});
+       {"missed", timing.missed},
+       // Where the merge's time went: the arithmetic (and the finiteness check), encoding and
+       // committing the record (and a checkpoint), encoding and publishing the new version.
+       {"seconds", {{"merge", seconds_between(t_step, t_commit)}, {"commit", seconds_between(t_commit, t_publish)},
+                    {"publish", seconds_between(t_publish, t_done)}}}});
 }
 
 // A merge whose result cannot be used: its inputs are recorded as Invalid drops in an

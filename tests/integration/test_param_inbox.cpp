@@ -131,13 +131,19 @@ TEST_CASE("the inbox applies updates bit for bit and asks for a snapshot when it
   REQUIRE(take_version(1));
   const Version v2 = next_version(v1, rng);
   announce(2);
-  publisher.publish(0, update_message(v2));
+  const auto update2 = update_message(v2);
+  publisher.publish(0, update2);
   auto taken = take_version(2);
   REQUIRE(taken);
   CHECK(taken->checksum == v2.full.checksum);
   CHECK(checksum_fp32(taken->tensors) == v2.full.checksum);
   for (size_t t = 0; t < v2.full.tensors.size(); ++t) CHECK(taken->tensors[t].values == v2.full.tensors[t].values);
   CHECK(metrics.value("params_received_total", {{"kind", "update"}}) == 1);
+  // What was applied, by kind, in message bytes (the snapshot's repeats were already held).
+  CHECK(inbox.snapshots() == 1);
+  CHECK(inbox.snapshot_bytes() == snapshot.size());
+  CHECK(inbox.updates() == 1);
+  CHECK(inbox.update_bytes() == update2.size());
 
   // Version 3 is lost on the way: the update to 4 cannot be applied; the inbox asks at once.
   const Version v3 = next_version(v2.full, rng);

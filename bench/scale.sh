@@ -1,0 +1,173 @@
+#!/usr/bin/env bash
+# The data plane at model scale, no training: fake learners (bench-produce_deltas, int4 deltas of
+# the config's layout) through the real broker into 1 and then 2 merger instances, and out to two
+# subscribers (bench-subscribe: a learner's parameter inbox without a model), one there from the
+# start and one that joins after the last merge (the late joiner). Every version a subscriber
+# reconstructs is checked against the merge log's checksum, and diloco-replay verifies every
+# version. Records per case: parameters merged per second per instance, the peak RSS of every
+# process (ps, every 0.5 s), bytes per parameter up (deltas) and down (what the first subscriber
+# received over ZeroMQ, per version it holds), the late joiner's time to hold every fragment, and
+# where a merge's time goes (the merge events' timings).
+#
+#   bench/scale.sh [--width 1024] [--layers 8] [--fragments 8] [--learners 2] [--rounds 3]
+#                  [--pace 0] [--instances "1 2"] [--bin-dir DIR] [--keep] [--keep-topics]
+#
+# The model is configs/tiny.toml widened (--width, --layers; heads 16): about 12 x width^2 x layers
+# parameters. Every delta is on version 0 (bench-produce_deltas --bases genesis), and the mergers
+# run with merger.quorum 1, so a merge takes whatever is pending (with a quorum of K, a merge that
+# took more than K deltas could leave a last one waiting for good); --pace S (seconds between rounds) spreads the rounds so that
+# merges take about one round each. Needs a running broker (scripts/broker start) and the build (build/bin or --bin-dir).
+# Kills every process it started on exit; deletes the topics of its runs unless --keep-topics.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+BIN="${DILOCO_BIN_DIR:-$ROOT/build/bin}"
+BOOTSTRAP="${DILOCO_BOOTSTRAP:-127.0.0.1:19092}"
+width=1024 layers=8 fragments=8 learners=2 rounds=3 pace=0 instances="1 2" keep=0 keep_topics=0
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --width) width="$2"; shift 2 ;;
+    --layers) layers="$2"; shift 2 ;;
+    --fragments) fragments="$2"; shift 2 ;;
+    --learners) learners="$2"; shift 2 ;;
+    --rounds) rounds="$2"; shift 2 ;;
+    --pace) pace="$2"; shift 2 ;;
+    --instances) instances="$2"; shift 2 ;;
+    --bin-dir) BIN="$2"; shift 2 ;;
+    --keep) keep=1; shift ;;
+    --keep-topics) keep_topics=1; shift ;;
+    -h|--help) sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) echo "scale.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
+  esac
+done
+cd "$ROOT"
+for b in diloco-merger diloco-replay bench-produce_deltas bench-subscribe; do
+  [[ -x "$BIN/$b" ]] || { echo "scale.sh: missing $BIN/$b: cmake --build build (or --bin-dir)" >&2; exit 1; }
+done
+OUT="$(mktemp -d /tmp/diloco-scale.XXXXXX)"
+source "$ROOT/bench/lib.sh"
+trap bench_cleanup EXIT
+trap 'exit 130' INT TERM
+
+config=configs/tiny.toml
+partitions=$(( fragments < 4 ? fragments : 4 ))
+sets=(--set model.width="$width" --set model.layers="$layers" --set model.heads=16 --set diloco.fragments="$fragments"
+      --set merger.quorum=1 --set merger.checkpoint_every=1000 --set train.eval_every=0)
+echo "# scale: $(date -u) | nproc $(nproc) | $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ //') | $(free -g | awk '/Mem:/ {print $2}') GiB"
+echo "# width $width, layers $layers, $fragments fragments, $learners fake learners, $rounds rounds; load $(cut -d' ' -f1-3 /proc/loadavg)"
+
+merged_inputs() { { cat "$1"/M*/metrics.jsonl 2>/dev/null || true; } | jq -s '[.[] | select(.event == "merge") | .inputs | length] | add // 0'; }
+
+scale_case() {  # instances
+  local n="$1" run="sc$(date +%s%N | cut -c8-15)" i
+  RUNS+=("$run")
+  local dir="$OUT/$run"
+  mkdir -p "$dir"
+  scripts/broker topics --run "$run" --regions r0 --partitions "$partitions" >/dev/null
+  local rs=("${sets[@]}" --set "run.id=\"$run\"")
+  # Peak RSS (KiB) of every process of the case, by name.
+  ( declare -A peak
+    while true; do
+      while read -r rss args; do
+        name="$(basename "${args%% *}")"
+        case "$args" in *"--id M"*) name="merger-${args##*--id }"; name="${name%% *}" ;; esac
+        case "$args" in *subscribe*"late"*) name="subscriber-late" ;; *subscribe*) name="subscriber" ;; esac
+        [[ "$args" == *"$run"* || "$name" == java ]] || continue
+        (( rss > ${peak[$name]:-0} )) && peak[$name]=$rss
+      done < <(ps -eo rss=,args= | grep -E "diloco-merger|bench-|java.*kafka" | grep -v grep || true)
+      for k in "${!peak[@]}"; do echo "$k ${peak[$k]}"; done > "$dir/peaks.tmp" && mv "$dir/peaks.tmp" "$dir/peaks"
+      sleep 0.5
+    done ) &
+  local sampler=$!
+  PIDS+=("$sampler")
+  local mergers=()
+  for ((i = 0; i < n; i++)); do
+    "$BIN/diloco-merger" -c "$config" "${rs[@]}" --id "M$i" --bootstrap "$BOOTSTRAP" --run-dir "$dir/M$i" \
+      >"$dir/M$i.log" 2>&1 &
+    mergers+=($!); PIDS+=($!)
+  done
+  "$BIN/bench-subscribe" -c "$config" "${rs[@]}" --bootstrap "$BOOTSTRAP" --summary "$dir/subscriber.json" \
+    2>"$dir/subscriber.log" &
+  local sub=$!; PIDS+=("$sub")
+  local t0; t0=$(date +%s.%N)
+  "$BIN/bench-produce_deltas" -c "$config" "${rs[@]}" --learners "$learners" --rounds "$rounds" --pace "$pace" --region r0 \
+    --bootstrap "$BOOTSTRAP" --summary "$dir/produced.json" 2>"$dir/producer.log" ||
+    { echo "scale.sh: bench-produce_deltas failed:" >&2; tail -n 20 "$dir/producer.log" >&2; return 1; }
+  local total; total="$(jq .deltas "$dir/produced.json")"
+  local last=-1 still=0 got
+  while true; do
+    got="$(merged_inputs "$dir")"
+    ((got >= total)) && break
+    if ((got == last)); then ((still += 1)); else still=0; last=$got; fi
+    ((still < 600)) || { echo "scale.sh: $got of $total deltas merged, no progress for 5 minutes" >&2; cat "$dir"/M*.log >&2; return 1; }
+    for p in "${mergers[@]}"; do kill -0 "$p" 2>/dev/null || { cat "$dir"/M*.log >&2; return 1; }; done
+    sleep 0.5
+  done
+  local t1; t1=$(date +%s.%N)
+  # The late joiner: starts after the last merge and must get a snapshot of every fragment.
+  "$BIN/bench-subscribe" -c "$config" "${rs[@]}" --bootstrap "$BOOTSTRAP" --summary "$dir/subscriber-late.json" \
+    2>"$dir/subscriber-late.log" & 
+  local late=$!; PIDS+=("$late")
+  for _ in $(seq 1 1200); do grep -q "holding all" "$dir/subscriber-late.log" 2>/dev/null && break; sleep 0.5; done
+  sleep 3  # the first subscriber takes the last versions
+  local rc=0
+  stop_pid "$late" || true
+  stop_pid "$sub" || true
+  for p in "${mergers[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
+  for p in "${mergers[@]}"; do stop_pid "$p"; done
+  kill "$sampler" 2>/dev/null || true; forget "$sampler"
+  "$BIN/diloco-replay" -c "$config" "${rs[@]}" --bootstrap "$BOOTSTRAP" --run "$run" audit --json > "$dir/audit.json" || rc=1
+  local verified=PASS
+  "$BIN/diloco-replay" -c "$config" "${rs[@]}" --bootstrap "$BOOTSTRAP" --run "$run" verify > "$dir/verify.log" 2>&1 || verified=FAIL
+  python3 - "$dir" "$n" "$t0" "$t1" "$verified ($(grep -m1 '^verified' "$dir/verify.log" || tail -1 "$dir/verify.log"))" <<'PY' || rc=1
+import glob, json, os, sys
+d, n, t0, t1, verify = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4]), sys.argv[5]
+produced = json.load(open(f"{d}/produced.json"))
+audit = json.load(open(f"{d}/audit.json"))
+frag = [b // 4 for b in produced["fp32_bytes_per_fragment"]]
+params = sum(frag)
+truth = {(int(p), v["version"]): v["checksum"] for p, vs in audit["versions"].items() for v in vs}
+ok = audit["ok"] and verify.startswith("PASS")
+print(f"\n{n} merger instance(s): {params / 1e6:.1f}M parameters in {len(frag)} fragments; "
+      f"{produced['deltas']} deltas produced, {audit['merged']} merged, {audit['merge_records']} merge records; "
+      f"audit {'PASS' if audit['ok'] else 'FAIL'}; verify: {verify}")
+for name in ("subscriber", "subscriber-late"):
+    s = json.load(open(f"{d}/{name}.json"))
+    held = [(int(p), v[0], v[1]) for p, vs in s["versions"].items() for v in vs]
+    wrong = [h for h in held if truth.get((h[0], h[1])) != h[2] and h[1] != 0]
+    ok = ok and not wrong and s["mismatched"] == 0 and s["complete_seconds"] >= 0
+    per_message = params / len(frag)  # the fragments' mean size
+    print(f"  {name}: {len(held)} versions held, {s['skipped']} skipped, {len(wrong)} not matching the merge log, "
+          f"{s['rejected']} rejected; every fragment held after {s['complete_seconds']:.2f} s; "
+          f"{s['bytes_received'] / 1e6:.1f} MB received: {s['snapshots']} snapshots "
+          f"{s['snapshot_bytes'] / 1e6:.1f} MB (about {s['snapshot_bytes'] / max(1, s['snapshots'] * per_message):.3f} bytes per parameter), "
+          f"{s['updates']} updates {s['update_bytes'] / 1e6:.1f} MB "
+          f"(about {s['update_bytes'] / max(1, s['updates'] * per_message):.3f} bytes per parameter per version)")
+print(f"  up: {produced['wire_bytes_per_delta']} wire bytes per delta = "
+      f"{produced['wire_bytes_per_delta'] * len(frag) / params:.3f} bytes per parameter")
+for f in sorted(glob.glob(f"{d}/M*/metrics.jsonl")):
+    ev = [json.loads(l) for l in open(f)]
+    merges = [e for e in ev if e["event"] == "merge"]
+    if not merges:
+        print(f"  {os.path.basename(os.path.dirname(f))}: no merges"); continue
+    inputs = sum(len(m["inputs"]) * frag[m["fragment"]] for m in merges)
+    span = (merges[-1]["time_us"] - ev[0]["time_us"]) / 1e6
+    sync = sum(m.get("sync_seconds", 0) for m in merges)
+    parts = {k: sum(m.get("seconds", {}).get(k, 0) for m in merges) for k in ("merge", "commit", "publish")}
+    rec = [e for e in ev if e["event"] == "recovered"]
+    print(f"  {os.path.basename(os.path.dirname(f))}: {len(merges)} merges, {inputs / 1e6:.1f}M delta parameters merged; "
+          f"{inputs / span / 1e6:.1f}M parameters/s from start to last merge ({span:.1f} s, start-up and recovery included); "
+          f"sync (merge to published) {sync:.1f} s in all, {sync / len(merges):.2f} s per merge "
+          f"(arithmetic {parts['merge']:.1f} s, {inputs / max(1e-9, parts['merge']) / 1e6:.0f}M delta parameters/s; "
+          f"record and checkpoint commit {parts['commit']:.1f} s; publish {parts['publish']:.1f} s); "
+          f"{len(rec)} fragments recovered")
+peaks = dict(l.split() for l in open(f"{d}/peaks")) if os.path.exists(f"{d}/peaks") else {}
+print("  peak RSS: " + ", ".join(f"{k} {int(v) // 1024} MiB" for k, v in sorted(peaks.items())))
+print(f"  produce to last merge: {t1 - t0:.1f} s; {'PASS' if ok else 'FAIL'}")
+sys.exit(0 if ok else 1)
+PY
+  return $rc
+}
+
+status=0
+for n in $instances; do scale_case "$n" || status=1; done
+exit $status
