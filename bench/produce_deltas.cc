@@ -20,8 +20,8 @@
 // order.
 //
 // Delta values are gaussian (stddev 1e-3, seeded, one set per learner and fragment, reused every
-// round), quantized and encoded with the run's codec settings exactly as a learner encodes them
-// (encode_delta; no error feedback). seq = a wall-clock millisecond floor + round, so seqs grow
+// round), quantized once with the run's codec settings (no error feedback) and kept that way, then
+// encoded each round as a learner encodes them (encode_delta). seq = a wall-clock millisecond floor + round, so seqs grow
 // across invocations. --pace S waits S seconds between rounds. SIGINT/SIGTERM stop after the
 // current round, flush and exit 0. --summary writes a JSON summary (fp32 bytes per fragment, wire
 // bytes, counts).
@@ -74,8 +74,7 @@ int main(int argc, char** argv) {
 
   try {
     RunConfig config = load_run_config(config_file, overrides);
-    ModelSetup setup = build_model(config);
-    const FragmentLayout& layout = setup.layout;
+    const FragmentLayout layout = build_model(config).layout;  // the seeded model itself is not needed
     const uint32_t P = layout.num_fragments();
     KafkaOptions kafka{.bootstrap_servers = bootstrap, .client_id = "bench-produce_deltas"};
     RunTopics topics{config.run.id};
@@ -86,23 +85,24 @@ int main(int argc, char** argv) {
       partitions = probe.partition_count(topics.deltas(region), 10000);
     }
 
-    // One set of delta tensors per (learner, fragment), seeded.
+    // One set of delta tensors per (learner, fragment), seeded, kept quantized as they travel (int4:
+    // about 0.5 bytes per parameter and learner; the fp32 values of one tensor exist at a time).
+    CodecOptions codec{.dtype = config.codec.dtype, .block_size = config.codec.block_size,
+                       .byte_shuffle = config.codec.byte_shuffle, .zstd_level = config.codec.zstd_level};
     std::mt19937 rng(static_cast<uint32_t>(config.run.seed * 7919 + 17));
     std::normal_distribution<float> normal(0.0f, 1e-3f);
-    std::vector<std::vector<std::vector<DenseTensor>>> values(learners);
+    std::vector<std::vector<std::vector<QuantizedTensor>>> values(learners);
     for (uint32_t m = 0; m < learners; ++m)
       for (uint32_t p = 0; p < P; ++p) {
-        std::vector<DenseTensor> tensors;
+        std::vector<QuantizedTensor> tensors;
         for (uint32_t t = 0; t < layout.fragments[p].size(); ++t) {
           const auto& spec = layout.fragments[p][t];
-          DenseTensor d{.index = t, .shape = spec.shape, .values = std::vector<float>(static_cast<size_t>(spec.numel()))};
-          for (auto& v : d.values) v = normal(rng);
-          tensors.push_back(std::move(d));
+          std::vector<float> v(static_cast<size_t>(spec.numel()));
+          for (auto& x : v) x = normal(rng);
+          tensors.push_back(quantize(t, spec.shape, v, codec.dtype, codec.block_size));
         }
         values[m].push_back(std::move(tensors));
       }
-    CodecOptions codec{.dtype = config.codec.dtype, .block_size = config.codec.block_size,
-                       .byte_shuffle = config.codec.byte_shuffle, .zstd_level = config.codec.zstd_level};
     const uint32_t inner_steps = config.diloco.H;
     const uint64_t tokens = static_cast<uint64_t>(inner_steps) * static_cast<uint64_t>(config.train.batch * config.model.context);
     const uint64_t seq0 = static_cast<uint64_t>(unix_us() / 1000);
@@ -126,7 +126,7 @@ int main(int argc, char** argv) {
                         .region = region, .fragment = p, .seq = seq0 + round, .base_version = genesis ? 0 : round, .inner_steps = inner_steps, .tokens = tokens,
                         .learner_step = (round + 1) * inner_steps, .train_loss = 2.0f, .send_time_us = unix_us()};
           auto e0 = std::chrono::steady_clock::now();
-          auto bytes = encode_delta(h, std::span<const DenseTensor>(values[m][p]), codec);
+          auto bytes = encode_delta(h, std::span<const QuantizedTensor>(values[m][p]), codec);
           encode_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - e0).count();
           producer.produce({.topic = topics.deltas(region), .partition = static_cast<int32_t>(p % static_cast<uint32_t>(partitions)),
                             .key = std::to_string(p), .value = bytes, .headers = delta_headers(h)},
