@@ -135,9 +135,9 @@ class MergerProcess : public RebalanceListener {
   const MergerFaults faults_ = MergerFaults::from_environment();
   mutable WorkPool pool_;  // shares each merge's arithmetic (live merges and recovery)
   int recoveries_ = 0;  // recoveries attempted
-  // The seeded model only while a recovery may need version 0 of a fragment: from the start to the
-  // end of the first recovery (which writes genesis checkpoints), and rebuilt by a later recovery
-  // only for a fragment the logs hold no checkpoint of. Kept for good it would cost 4 bytes per
+  // The seeded model only while a recovery may need version 0 of a fragment: from the start until
+  // the first recovery has built the genesis states (it is dropped before they are encoded), and
+  // rebuilt by a later recovery only for a fragment the logs hold no checkpoint of. Kept for good it would cost 4 bytes per
   // parameter of every fragment, owned or not.
   mutable std::optional<ModelSetup> model_;
   FragmentLayout layout_;
