@@ -71,10 +71,11 @@ int main(int argc, char** argv) {
   app.add_option("--summary", summary, "write a JSON summary here");
   CLI11_PARSE(app, argc, argv);
   install_stop_handlers();
+  return_large_buffers();
 
   try {
     RunConfig config = load_run_config(config_file, overrides);
-    const FragmentLayout layout = build_model(config).layout;  // the seeded model itself is not needed
+    const FragmentLayout layout = build_layout(config);  // no model is allocated
     const uint32_t P = layout.num_fragments();
     KafkaOptions kafka{.bootstrap_servers = bootstrap, .client_id = "bench-produce_deltas"};
     RunTopics topics{config.run.id};

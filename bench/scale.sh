@@ -103,15 +103,17 @@ scale_case() {  # instances
     sleep 0.5
   done
   local t1; t1=$(date +%s.%N)
+  # The first subscriber takes the last versions, then stops before the late joiner starts, so
+  # that the two do not hold the model at once.
+  sleep 3
+  stop_pid "$sub" || true
   # The late joiner: starts after the last merge and must get a snapshot of every fragment.
   "$BIN/bench-subscribe" -c "$config" "${rs[@]}" --bootstrap "$BOOTSTRAP" --summary "$dir/subscriber-late.json" \
     2>"$dir/subscriber-late.log" & 
   local late=$!; PIDS+=("$late")
   for _ in $(seq 1 1200); do grep -q "holding all" "$dir/subscriber-late.log" 2>/dev/null && break; sleep 0.5; done
-  sleep 3  # the first subscriber takes the last versions
   local rc=0
   stop_pid "$late" || true
-  stop_pid "$sub" || true
   for p in "${mergers[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
   for p in "${mergers[@]}"; do stop_pid "$p"; done
   kill "$sampler" 2>/dev/null || true; forget "$sampler"

@@ -43,10 +43,10 @@ int main(int argc, char** argv) {
   app.add_option("--poll-ms", poll_ms, "how often the held versions are taken")->capture_default_str()->check(CLI::Range(1, 1000));
   CLI11_PARSE(app, argc, argv);
   install_stop_handlers();
+  return_large_buffers();
   try {
     const RunConfig config = load_run_config(config_file, overrides);
-    // The layout only: the seeded model is dropped at once.
-    const FragmentLayout layout = build_model(config).layout;
+    const FragmentLayout layout = build_layout(config);  // the layout only, no model
     const uint32_t P = layout.num_fragments();
     int64_t parameters = 0;
     for (uint32_t p = 0; p < P; ++p) parameters += layout.fragment_numel(p);
@@ -62,7 +62,8 @@ int main(int argc, char** argv) {
     uint64_t skipped = 0, mismatched = 0;
     double complete_at = -1;
     while (!stop_requested()) {
-      for (auto& params : inbox.take(known)) {
+      for (const auto& taken : inbox.take(known)) {
+        const FragmentParams& params = *taken;
         const uint32_t p = params.fragment;
         if (have[p] && params.version > known[p] + 1) skipped += params.version - known[p] - 1;
         const uint64_t rebuilt = checksum_fp32(params.tensors);

@@ -163,7 +163,8 @@ void Learner::adopt_received(uint64_t step, float loss) {
     if (!cut_early(p, notice.version + 1, step, loss)) continue;
     log({{"event", "round_open_cut"}, {"fragment", p}, {"version", notice.version}, {"merger", notice.merger_instance}});
   }
-  for (FragmentParams& params : inbox_->take(known)) {
+  for (const auto& taken : inbox_->take(known)) {
+    const FragmentParams& params = *taken;
     uint32_t p = params.fragment;
     auto& f = fragments_[p];
     // Cut before an overwrite: with overwrite-on-adoption, a learner a few steps behind the others
@@ -176,8 +177,8 @@ void Learner::adopt_received(uint64_t step, float loss) {
     const bool rebase = d.adopt == "rebase";
     auto local = alpha > 0 || rebase ? fragment_tensors(setup_.model, setup_.layout, p) : std::vector<DenseTensor>{};
     load_fragment(setup_.model, setup_.layout, p,
-                  rebase ? f.rebase(params.version, params.checksum, std::move(params.tensors), local)
-                         : f.adopt(params.version, params.checksum, std::move(params.tensors), alpha, local));
+                  rebase ? f.rebase(params.version, params.checksum, params.tensors, local)
+                         : f.adopt(params.version, params.checksum, params.tensors, alpha, local));
     ++adopted_;
     metrics_.add("versions_adopted_total", 1);
     metrics_.set("fragment_version", static_cast<double>(f.version()), {{"fragment", std::to_string(p)}});

@@ -22,11 +22,11 @@ ParamInbox::~ParamInbox() {
   if (thread_.joinable()) thread_.join();
 }
 
-std::vector<FragmentParams> ParamInbox::take(const std::vector<uint64_t>& known) {
+std::vector<std::shared_ptr<const FragmentParams>> ParamInbox::take(const std::vector<uint64_t>& known) {
   std::lock_guard lock(mutex_);
-  std::vector<FragmentParams> out;
+  std::vector<std::shared_ptr<const FragmentParams>> out;
   for (auto it = latest_.begin(); it != latest_.end();) {
-    if (it->first < known.size() && it->second.version > known[it->first]) out.push_back(std::move(it->second));
+    if (it->first < known.size() && it->second->version > known[it->first]) out.push_back(std::move(it->second));
     it = latest_.erase(it);
   }
   return out;
@@ -79,11 +79,12 @@ void ParamInbox::run() {
   using Clock = std::chrono::steady_clock;
   std::map<uint32_t, uint64_t> announced;
   std::map<uint32_t, Clock::time_point> behind_since, asked_at;
-  // The newest version of each fragment held in full: what the next update applies to.
-  std::map<uint32_t, FragmentParams> held;
+  // The newest version of each fragment held in full: what the next update applies to. The same
+  // object is handed out by take(), never changed (an update makes the next one).
+  std::map<uint32_t, std::shared_ptr<const FragmentParams>> held;
   for (auto& params : options_.held) {
     const uint32_t p = params.fragment;
-    held[p] = std::move(params);
+    held[p] = std::make_shared<const FragmentParams>(std::move(params));
   }
   options_.held.clear();
   // Fragments a snapshot is wanted of: asked for at most once per request_interval_s, and again
@@ -96,21 +97,21 @@ void ParamInbox::run() {
     const auto now = Clock::now();
     for (auto it = announced_checksum.begin(); it != announced_checksum.end();) {
       auto h = held.find(it->first);
-      if (h == held.end() || h->second.version != it->second.first) {
+      if (h == held.end() || h->second->version != it->second.first) {
         ++it;
         continue;
       }
-      if (h->second.checksum != it->second.second) {
+      if (h->second->checksum != it->second.second) {
         metrics_.add("params_checksum_mismatch_total", 1);
         std::cerr << "learner: fragment " << it->first << " version " << it->second.first << ": held checksum "
-                  << h->second.checksum << ", the merger announces " << it->second.second << "; asking for a snapshot\n";
+                  << h->second->checksum << ", the merger announces " << it->second.second << "; asking for a snapshot\n";
         wanted.insert(it->first);
       }
       it = announced_checksum.erase(it);  // checked once per announcement
     }
     for (const auto& [p, version] : announced) {
       const auto h = held.find(p);
-      if (h != held.end() && h->second.version >= version) {
+      if (h != held.end() && h->second->version >= version) {
         behind_since.erase(p);
         continue;
       }
@@ -183,22 +184,22 @@ void ParamInbox::run() {
                                                                std::to_string(params.fragment));
       const uint32_t p = params.fragment;
       auto h = held.find(p);
-      if (h != held.end() && (params.version < h->second.version ||
-                              (params.version == h->second.version && params.checksum == h->second.checksum))) {
+      if (h != held.end() && (params.version < h->second->version ||
+                              (params.version == h->second->version && params.checksum == h->second->checksum))) {
         metrics_.add("params_already_held_total", 1);  // a duplicate, or the optional republish
         continue;
       }
       const bool update = params.update;
       const size_t wire_bytes = params.wire_bytes;
       if (update) {
-        if (h == held.end() || h->second.version != params.base_version) {
+        if (h == held.end() || h->second->version != params.base_version) {
           // Missed the version this update applies to (or joined after it): a snapshot is needed.
           metrics_.add("params_updates_unusable_total", 1);
           wanted.insert(p);
           continue;
         }
         try {
-          params = apply_fragment_update(h->second, params);
+          params = apply_fragment_update(*h->second, params);
         } catch (const Rejection&) {
           wanted.insert(p);
           throw;
@@ -208,11 +209,12 @@ void ParamInbox::run() {
       (update ? update_bytes_ : snapshot_bytes_) += wire_bytes;
       (update ? updates_ : snapshots_) += 1;
       metrics_.add("params_received_total", 1, {{"kind", update ? "update" : "snapshot"}});
-      held[p] = params;
+      auto shared = std::make_shared<const FragmentParams>(std::move(params));
+      held[p] = shared;
       wanted.erase(p);
       std::lock_guard lock(mutex_);
       auto& slot = latest_[p];
-      if (params.version >= slot.version) slot = std::move(params);
+      if (!slot || shared->version >= slot->version) slot = std::move(shared);
     } catch (const Rejection& e) {
       ++rejected_;
       metrics_.add("params_rejected_total", 1, {{"reason", reject_reason_name(e.reason)}});

@@ -49,8 +49,9 @@ class ParamInbox {
   ParamInbox(ParamInboxOptions options, Metrics& metrics);
   ~ParamInbox();
 
-  // Newest received version of each fragment whose version is above `known[fragment]`.
-  std::vector<FragmentParams> take(const std::vector<uint64_t>& known);
+  // Newest received version of each fragment whose version is above `known[fragment]`. Shared
+  // with the inbox, which applies the next update to it: one copy of each fragment is held.
+  std::vector<std::shared_ptr<const FragmentParams>> take(const std::vector<uint64_t>& known);
   // The RoundOpen notices that arrived since the last call, newest per fragment.
   std::vector<RoundOpen> take_round_opens();
 
@@ -71,7 +72,7 @@ class ParamInbox {
   ParamInboxOptions options_;
   Metrics& metrics_;
   mutable std::mutex mutex_;
-  std::map<uint32_t, FragmentParams> latest_;
+  std::map<uint32_t, std::shared_ptr<const FragmentParams>> latest_;
   std::map<uint32_t, RoundOpen> round_opens_;
   std::vector<std::string> endpoints_;
   std::atomic<uint64_t> received_{0};

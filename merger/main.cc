@@ -30,9 +30,13 @@ int main(int argc, char** argv) {
   app.add_option("--metrics-port", o.metrics_port, "serve Prometheus metrics on 127.0.0.1:PORT/metrics (0: off)")->capture_default_str();
   app.add_option("--session-timeout-ms", o.session_timeout_ms, "consumer-group session timeout: how fast a dead instance's fragments move")->capture_default_str();
   app.add_option("--merge-threads", o.merge_threads, "threads that share each merge's arithmetic (0: one per core); any number gives the same bits")->capture_default_str()->check(CLI::Range(0u, 256u));
+  uint64_t snapshot_queue_mib = o.snapshot_queue_bytes >> 20;
+  app.add_option("--snapshot-queue-mib", snapshot_queue_mib, "snapshots queued for subscribers and not yet sent, held in memory: past this, further requests wait their turn")->capture_default_str()->check(CLI::Range(uint64_t{1}, uint64_t{1} << 20));
   CLI11_PARSE(app, argc, argv);
+  o.snapshot_queue_bytes = snapshot_queue_mib << 20;
   o.kafka.bootstrap_servers = bootstrap;
   install_stop_handlers();
+  return_large_buffers();
   try {
     o.config = load_run_config(config_file, overrides);
     return run_merger(o, stop_requested());

@@ -41,7 +41,6 @@ using Clock = std::chrono::steady_clock;
 struct OwnedFragment {
   FragmentState state;    // the committed version (a merge writes the next one over it)
   std::unique_ptr<FragmentMerger> merger;
-  std::vector<uint8_t> params_message;  // encoded snapshot of `state`, made when first asked for
   std::vector<QuantizedTensor> change;  // merge_step's quantized change (quantized downlink)
 };
 
@@ -81,12 +80,8 @@ class MergerProcess : public RebalanceListener {
   }
   LogContext log_context() const {
     return LogContext{.kafka = o_.kafka, .topics = topics_, .config = &o_.config, .layout = &layout_,
-                      .genesis = [this](uint32_t p) { return genesis_state(o_.config, seeded_model(), p); },
+                      .genesis = genesis_from_seed(o_.config, layout_),
                       .limits = limits(), .pool = &pool_};
-  }
-  const ModelSetup& seeded_model() const {
-    if (!model_) model_.emplace(build_model(o_.config));
-    return *model_;
   }
   std::vector<uint32_t> fragments_of(int32_t partition) const;
   InputBounds input_bounds() const {
@@ -116,8 +111,7 @@ class MergerProcess : public RebalanceListener {
   std::vector<TopicPartitionOffset> offsets_to_commit() const;
   std::vector<TopicPartitionOffset> offsets_holding(const std::vector<LogPosition>& held) const;
   void publish(uint32_t p);  // a snapshot of the current version, to every subscriber
-  void publish_snapshot_to(const std::string& subscriber, uint32_t p);
-  const std::vector<uint8_t>& snapshot_message(uint32_t p);
+  std::shared_ptr<const std::vector<uint8_t>> snapshot_message(uint32_t p) const;
   void publish_update(uint32_t p);
   void serve_requests();
   void announce_round(uint32_t p);
@@ -135,11 +129,9 @@ class MergerProcess : public RebalanceListener {
   const MergerFaults faults_ = MergerFaults::from_environment();
   mutable WorkPool pool_;  // shares each merge's arithmetic (live merges and recovery)
   int recoveries_ = 0;  // recoveries attempted
-  // The seeded model only while a recovery may need version 0 of a fragment: from the start until
-  // the first recovery has built the genesis states (it is dropped before they are encoded), and
-  // rebuilt by a later recovery only for a fragment the logs hold no checkpoint of. Kept for good it would cost 4 bytes per
-  // parameter of every fragment, owned or not.
-  mutable std::optional<ModelSetup> model_;
+  // The layout only: version 0 of a fragment no checkpoint holds is generated from the seed
+  // when a recovery needs it (genesis_from_seed), so no seeded model of every fragment (4 bytes
+  // per parameter) is ever held.
   FragmentLayout layout_;
   RunTopics topics_;
   Metrics metrics_{"diloco_merger_"};
@@ -180,7 +172,7 @@ class MergerProcess : public RebalanceListener {
 };
 
 MergerProcess::MergerProcess(const MergerOptions& options, const std::atomic<bool>& stop)
-    : o_(options), t_(options.timeouts), stop_(stop), pool_(options.merge_threads), model_(build_model(options.config)), layout_(model_->layout), topics_{options.config.run.id},
+    : o_(options), t_(options.timeouts), stop_(stop), pool_(options.merge_threads), layout_(build_layout(options.config)), topics_{options.config.run.id},
       grace_(GraceWindowOptions{.gamma = options.config.merger.grace_gamma,
                                 .tau = options.config.merger.grace_tau,
                                 .cap_step_times = options.config.merger.grace_cap_steps,
@@ -253,13 +245,16 @@ void MergerProcess::forget_consumed() {
   spans_.clear();
 }
 
+// One transaction per fragment, so that only one fragment's encoded checkpoint (and librdkafka's
+// copy of it) is held at a time. A crash between two leaves some fragments without a checkpoint;
+// the next recovery generates those again, with the same bits.
 void MergerProcess::write_genesis(const std::vector<uint32_t>& fragments) {
-  if (fragments.empty()) return;
-  std::vector<LogWrite> writes;
-  for (uint32_t p : fragments)
+  for (uint32_t p : fragments) {
+    std::vector<LogWrite> writes;
     add_state_write(writes, owned_.at(p).state);
-  writer_->commit(writes, committed_offsets(), *consumer_);
-  for (uint32_t p : fragments) log({{"event", "genesis"}, {"fragment", p}});
+    writer_->commit(writes, committed_offsets(), *consumer_);
+    log({{"event", "genesis"}, {"fragment", p}});
+  }
 }
 
 void MergerProcess::recover(const std::set<int32_t>& partitions) {
@@ -283,11 +278,9 @@ void MergerProcess::recover(const std::set<int32_t>& partitions) {
       metrics_.set("fragment_version", static_cast<double>(owned_[p].state.version), {{"fragment", std::to_string(p)}});
     }
   }
-  model_.reset();  // before the genesis checkpoints are encoded: the peak of a first start
   write_genesis(genesis);
   // Nothing is broadcast: learners hold what the logs hold (they start from the `state` topic) and
   // ask for a snapshot when this merger's heartbeat, sent next, names a version they lack.
-  for (auto& [p, f] : owned_) f.params_message.clear();
   double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   metrics_.observe("recovery_seconds", seconds, {0.1, 0.5, 1, 2, 5, 10, 30});
   std::cerr << "merger " << o_.instance_id << ": owns fragments";
@@ -518,7 +511,6 @@ void MergerProcess::merge(uint32_t p, const std::vector<std::string>& live) {
   bool checkpoint = record.version % o_.config.merger.checkpoint_every == 0;
   commit(p, record, checkpoint);
   const auto t_publish = Clock::now();
-  f.params_message.clear();
   auto late_drops = f.merger->merge_committed(f.state.version);
   for (const auto& d : late_drops) metrics_.add("deltas_dropped_total", 1, {{"reason", drop_reason_name(d.reason)}});
   if (options.downlink.dtype == DType::F32)
@@ -574,27 +566,20 @@ void MergerProcess::abandon_merge(uint32_t p, MergePlan& plan, const std::string
        {"dropped", record.dropped.size()}});
 }
 
-const std::vector<uint8_t>& MergerProcess::snapshot_message(uint32_t p) {
-  auto& f = owned_.at(p);
-  if (f.params_message.empty()) {
-    FragmentParams params{.run_id = o_.config.run.id, .fingerprint = layout_.fingerprint, .fragment = p,
-                          .version = f.state.version, .checksum = f.state.checksum,
-                          .merger_instance = o_.instance_id, .epoch = epoch_, .tensors = f.state.params};
-    f.params_message = encode_fragment_params(params);
-  }
-  return f.params_message;
+// Encoded when sent and not kept: a snapshot of every owned fragment would cost about 3.4 bytes
+// per parameter for as long as it is held.
+std::shared_ptr<const std::vector<uint8_t>> MergerProcess::snapshot_message(uint32_t p) const {
+  const auto& f = owned_.at(p);
+  FragmentParams params{.run_id = o_.config.run.id, .fingerprint = layout_.fingerprint, .fragment = p,
+                        .version = f.state.version, .checksum = f.state.checksum,
+                        .merger_instance = o_.instance_id, .epoch = epoch_, .tensors = f.state.params};
+  return std::make_shared<const std::vector<uint8_t>>(encode_fragment_params(params));
 }
 
 void MergerProcess::publish(uint32_t p) {
-  const auto& message = snapshot_message(p);
-  publisher_->publish(p, message);
-  metrics_.add("params_bytes_published_total", static_cast<double>(message.size()), {{"kind", "snapshot"}});
-}
-
-void MergerProcess::publish_snapshot_to(const std::string& subscriber, uint32_t p) {
-  const auto& message = snapshot_message(p);
-  publisher_->publish_to(subscriber, p, message);
-  metrics_.add("params_bytes_published_total", static_cast<double>(message.size()), {{"kind", "snapshot_to_one"}});
+  const auto message = snapshot_message(p);
+  publisher_->publish(p, *message);
+  metrics_.add("params_bytes_published_total", static_cast<double>(message->size()), {{"kind", "snapshot"}});
 }
 
 // The change a merge made, for subscribers holding the previous version (the others ask for a
@@ -634,6 +619,8 @@ void MergerProcess::serve_requests() {
     for (uint32_t p : fragments) want(id, p);
   const auto t = Clock::now();
   const auto interval = std::chrono::milliseconds(t_.snapshot_interval_ms);
+  // Due requests by fragment, so that one encoding serves every subscriber asking for it.
+  std::map<uint32_t, std::vector<std::string>> due;
   for (auto it = requested_.begin(); it != requested_.end();) {
     const auto& [id, p] = *it;
     if (!owned_.count(p)) {
@@ -641,14 +628,24 @@ void MergerProcess::serve_requests() {
       continue;
     }
     auto served = served_at_.find(*it);
-    if (served != served_at_.end() && t - served->second < interval) {
-      ++it;
-      continue;
+    if (served == served_at_.end() || t - served->second >= interval) due[p].push_back(id);
+    ++it;
+  }
+  for (const auto& [p, ids] : due) {
+    // Snapshots still queued in ZeroMQ are held in memory: past the bound the rest wait for the
+    // next turn (they stay requested).
+    if (publisher_->queued_bytes() >= o_.snapshot_queue_bytes) {
+      metrics_.add("snapshots_deferred_total", static_cast<double>(ids.size()));
+      break;
     }
-    publish_snapshot_to(id, p);
-    served_at_[*it] = t;
-    metrics_.add("snapshots_published_total", 1);
-    it = requested_.erase(it);
+    const auto message = snapshot_message(p);
+    for (const auto& id : ids) {
+      publisher_->publish_to(id, p, message);
+      metrics_.add("params_bytes_published_total", static_cast<double>(message->size()), {{"kind", "snapshot_to_one"}});
+      metrics_.add("snapshots_published_total", 1);
+      served_at_[{id, p}] = t;
+      requested_.erase({id, p});
+    }
   }
   if (served_at_.size() > kMaxPendingSnapshots)
     std::erase_if(served_at_, [&](const auto& entry) { return t - entry.second >= interval; });

@@ -61,6 +61,9 @@ struct MergerOptions {
   // Threads that share a merge's arithmetic (0: one per hardware thread). The result has the same
   // bits for any number (merge_step.h).
   unsigned merge_threads = 0;
+  // Snapshots handed to ZeroMQ and not yet sent are held in memory (about 3.4 bytes per
+  // parameter of a fragment each): past this many bytes queued, further snapshot requests wait.
+  uint64_t snapshot_queue_bytes = 512ull << 20;
   MergerTimeouts timeouts;
 };
 

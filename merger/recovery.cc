@@ -76,7 +76,20 @@ DeltaMessages index_by_position(const std::vector<ConsumedMessage>& messages) {
 }
 
 GenesisSource genesis_of(const RunConfig& config, const ModelSetup& setup) {
-  return [&config, &setup](uint32_t p) { return genesis_state(config, setup, p); };
+  return [&config, &setup](std::span<const uint32_t> fragments) {
+    std::map<uint32_t, FragmentState> out;
+    for (uint32_t p : fragments) out[p] = genesis_state(config, setup, p);
+    return out;
+  };
+}
+
+GenesisSource genesis_from_seed(const RunConfig& config, const FragmentLayout& layout) {
+  return [&config, &layout](std::span<const uint32_t> fragments) {
+    std::map<uint32_t, FragmentState> out;
+    for (auto& [p, params] : seeded_fragments(config, layout, fragments))
+      out[p] = genesis_state(config, layout, p, std::move(params));
+    return out;
+  };
 }
 
 Delta logged_delta(const LogContext& ctx, const DeltaMessages& messages, const DeltaRef& ref,
@@ -194,12 +207,20 @@ std::map<uint32_t, RecoveredFragment> recover_partition(const LogContext& ctx, i
         }
       },
       ctx.timeout_ms, &ctx.limits);
+  std::vector<uint32_t> without_checkpoint;
+  for (auto& [p, f] : out)
+    if (f.state.run_id.empty()) without_checkpoint.push_back(p);
+  if (!without_checkpoint.empty()) {
+    auto genesis = ctx.genesis(without_checkpoint);
+    for (uint32_t p : without_checkpoint) {
+      auto it = genesis.find(p);
+      if (it == genesis.end()) throw InvalidInput("no version 0 of fragment " + std::to_string(p));
+      out[p].state = std::move(it->second);
+      out[p].from_genesis = true;
+    }
+  }
   int64_t from = -1;
   for (auto& [p, f] : out) {
-    if (f.state.run_id.empty()) {
-      f.state = ctx.genesis(p);
-      f.from_genesis = true;
-    }
     int64_t start = f.state.last_merge ? f.state.last_merge->offset + 1 : 0;
     from = from < 0 ? start : std::min(from, start);
   }

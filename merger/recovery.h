@@ -30,10 +30,14 @@ OuterHyper outer_hyper(const RunConfig& config);
 // codec.downlink_dtype and codec.downlink_block_size (block size 0 unless int8 or int4).
 DownlinkCodec downlink_codec(const RunConfig& config);
 
-// Version 0 of fragment p, for a fragment that no checkpoint holds yet.
-using GenesisSource = std::function<FragmentState(uint32_t fragment)>;
+// Version 0 of each of `fragments`, for fragments that no checkpoint holds yet (asked for all
+// of a partition's at once, so that a source generating the seeded values walks the model once).
+using GenesisSource = std::function<std::map<uint32_t, FragmentState>(std::span<const uint32_t> fragments)>;
 // genesis_state of an existing seeded model (both must outlive the result).
 GenesisSource genesis_of(const RunConfig& config, const ModelSetup& setup);
+// genesis_state from the seed alone (seeded_fragments): no model is held, only the fragments
+// asked for (config and layout must outlive the result).
+GenesisSource genesis_from_seed(const RunConfig& config, const FragmentLayout& layout);
 
 struct LogContext {
   KafkaOptions kafka;

@@ -46,55 +46,98 @@ torch::Tensor Transformer::add(std::string name, std::vector<int64_t> shape) {
   return params_.back();
 }
 
-Transformer::Transformer(const ModelOptions& options, uint64_t seed) : options_(options) {
-  const auto& o = options_;
+std::vector<TensorSpec> Transformer::specs(const ModelOptions& o) {
   if (o.vocab < 1 || o.layers < 1 || o.width < 1 || o.heads < 1 || o.context < 1 ||
       o.width % o.heads != 0)
     throw InvalidInput("invalid model options: " + architecture(o));
   const int64_t w = o.width;
-
-  token_embedding_ = add("token_embedding", {o.vocab, w});
-  position_embedding_ = add("position_embedding", {o.context, w});
+  std::vector<TensorSpec> out;
+  auto add = [&](std::string name, std::vector<int64_t> shape) { out.push_back(TensorSpec{std::move(name), std::move(shape)}); };
+  add("token_embedding", {o.vocab, w});
+  add("position_embedding", {o.context, w});
   for (int64_t i = 0; i < o.layers; ++i) {
     const std::string p = detail::concat("blocks.", i, ".");
-    Block b;
-    b.attn_norm_w = add(p + "attn_norm.weight", {w});
-    b.attn_norm_b = add(p + "attn_norm.bias", {w});
-    b.qkv_w = add(p + "attn.qkv.weight", {3 * w, w});
-    b.qkv_b = add(p + "attn.qkv.bias", {3 * w});
-    b.out_w = add(p + "attn.out.weight", {w, w});
-    b.out_b = add(p + "attn.out.bias", {w});
-    b.mlp_norm_w = add(p + "mlp_norm.weight", {w});
-    b.mlp_norm_b = add(p + "mlp_norm.bias", {w});
-    b.up_w = add(p + "mlp.up.weight", {4 * w, w});
-    b.up_b = add(p + "mlp.up.bias", {4 * w});
-    b.down_w = add(p + "mlp.down.weight", {w, 4 * w});
-    b.down_b = add(p + "mlp.down.bias", {w});
-    blocks_.push_back(std::move(b));
+    add(p + "attn_norm.weight", {w});
+    add(p + "attn_norm.bias", {w});
+    add(p + "attn.qkv.weight", {3 * w, w});
+    add(p + "attn.qkv.bias", {3 * w});
+    add(p + "attn.out.weight", {w, w});
+    add(p + "attn.out.bias", {w});
+    add(p + "mlp_norm.weight", {w});
+    add(p + "mlp_norm.bias", {w});
+    add(p + "mlp.up.weight", {4 * w, w});
+    add(p + "mlp.up.bias", {4 * w});
+    add(p + "mlp.down.weight", {w, 4 * w});
+    add(p + "mlp.down.bias", {w});
   }
-  final_norm_w_ = add("final_norm.weight", {w});
-  final_norm_b_ = add("final_norm.bias", {w});
-  head_w_ = add("head.weight", {o.vocab, w});
+  add("final_norm.weight", {w});
+  add("final_norm.bias", {w});
+  add("head.weight", {o.vocab, w});
+  return out;
+}
 
+void Transformer::initialise(const ModelOptions& options, const std::string& name, torch::Tensor& t,
+                             at::Generator& generator) {
+  const double residual_std = kInitStd / std::sqrt(2.0 * static_cast<double>(options.layers));
+  torch::NoGradGuard no_grad;
+  const auto ends_with = [&](std::string_view s) { return name.ends_with(s); };
+  if (ends_with("norm.weight"))
+    t.fill_(1.0);
+  else if (ends_with(".bias"))
+    t.zero_();
+  else if (ends_with("attn.out.weight") || ends_with("mlp.down.weight"))
+    t.normal_(0.0, residual_std, generator);
+  else
+    t.normal_(0.0, kInitStd, generator);
+}
+
+void Transformer::initialise_in_order(const ModelOptions& options, uint64_t seed,
+                                      const std::function<torch::Tensor(size_t, const TensorSpec&)>& target) {
   // Parameters are initialised in list order from one generator, so the values depend only on
   // (options, seed).
   auto generator = at::detail::createCPUGenerator(seed);
-  const double residual_std = kInitStd / std::sqrt(2.0 * static_cast<double>(o.layers));
-  torch::NoGradGuard no_grad;
-  for (size_t i = 0; i < params_.size(); ++i) {
-    const std::string& name = names_[i];
-    torch::Tensor& t = params_[i];
-    const auto ends_with = [&](std::string_view s) { return name.ends_with(s); };
-    if (ends_with("norm.weight"))
-      t.fill_(1.0);
-    else if (ends_with(".bias"))
-      t.zero_();
-    else if (ends_with("attn.out.weight") || ends_with("mlp.down.weight"))
-      t.normal_(0.0, residual_std, generator);
-    else
-      t.normal_(0.0, kInitStd, generator);
-    t.set_requires_grad(true);
+  const auto list = specs(options);
+  for (size_t i = 0; i < list.size(); ++i) {
+    torch::Tensor t = target(i, list[i]);
+    initialise(options, list[i].name, t, generator);
   }
+}
+
+Transformer::Transformer(const ModelOptions& options, uint64_t seed) : options_(options) {
+  const auto& o = options_;
+  const auto list = specs(o);  // validates the options
+  auto next = list.begin();
+  auto take = [&](std::string_view name) {
+    if (next == list.end() || next->name != name)
+      throw InvalidInput(detail::concat("model construction out of step with the tensor list at ", name));
+    const auto& spec = *next++;
+    return add(spec.name, spec.shape);
+  };
+  token_embedding_ = take("token_embedding");
+  position_embedding_ = take("position_embedding");
+  for (int64_t i = 0; i < o.layers; ++i) {
+    const std::string p = detail::concat("blocks.", i, ".");
+    Block b;
+    b.attn_norm_w = take(p + "attn_norm.weight");
+    b.attn_norm_b = take(p + "attn_norm.bias");
+    b.qkv_w = take(p + "attn.qkv.weight");
+    b.qkv_b = take(p + "attn.qkv.bias");
+    b.out_w = take(p + "attn.out.weight");
+    b.out_b = take(p + "attn.out.bias");
+    b.mlp_norm_w = take(p + "mlp_norm.weight");
+    b.mlp_norm_b = take(p + "mlp_norm.bias");
+    b.up_w = take(p + "mlp.up.weight");
+    b.up_b = take(p + "mlp.up.bias");
+    b.down_w = take(p + "mlp.down.weight");
+    b.down_b = take(p + "mlp.down.bias");
+    blocks_.push_back(std::move(b));
+  }
+  final_norm_w_ = take("final_norm.weight");
+  final_norm_b_ = take("final_norm.bias");
+  head_w_ = take("head.weight");
+
+  initialise_in_order(o, seed, [&](size_t i, const TensorSpec&) { return params_[i]; });
+  for (auto& t : params_) t.set_requires_grad(true);
 
   causal_mask_ = torch::full({o.context, o.context}, -std::numeric_limits<float>::infinity())
                      .triu(1);

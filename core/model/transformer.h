@@ -17,6 +17,7 @@
 #include <torch/torch.h>
 
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -66,6 +67,15 @@ class Transformer {
   const std::vector<torch::Tensor>& parameters() const { return params_; }
   const torch::Tensor& parameter(std::string_view name) const;  // throws InvalidInput if unknown
   std::vector<TensorSpec> tensor_specs() const;                 // names and shapes, same order
+  // The same list from the options alone, without allocating a model (throws InvalidInput as the
+  // constructor does).
+  static std::vector<TensorSpec> specs(const ModelOptions& options);
+  // The constructor's initialisation, tensor by tensor in list order, into the tensor `target`
+  // returns for each (any tensor of that spec's shape: a model's parameter, a view of a caller's
+  // buffer, or scratch space for one the caller does not keep). Values depend only on (options,
+  // seed), so a caller can build version 0 of some fragments without holding the whole model.
+  static void initialise_in_order(const ModelOptions& options, uint64_t seed,
+                                  const std::function<torch::Tensor(size_t, const TensorSpec&)>& target);
   int64_t num_parameters() const;
 
   // input: int64 [batch, T] with T <= context. Returns logits [batch, T, vocab].
@@ -74,6 +84,8 @@ class Transformer {
   torch::Tensor loss(const torch::Tensor& input, const torch::Tensor& target) const;
 
  private:
+  static void initialise(const ModelOptions& options, const std::string& name, torch::Tensor& t,
+                         at::Generator& generator);
   struct Block {
     torch::Tensor attn_norm_w, attn_norm_b, qkv_w, qkv_b, out_w, out_b;
     torch::Tensor mlp_norm_w, mlp_norm_b, up_w, up_b, down_w, down_b;

@@ -17,7 +17,9 @@
 // Threading: a socket belongs to the thread that uses it.
 #pragma once
 
+#include <atomic>
 #include <chrono>
+#include <memory>
 #include <map>
 #include <cstdint>
 #include <optional>
@@ -40,6 +42,11 @@ class ParamsPublisher {
   void publish(uint32_t fragment, std::span<const uint8_t> message);
   // A snapshot for one subscriber (its id, as in Requests).
   void publish_to(const std::string& subscriber, uint32_t fragment, std::span<const uint8_t> message);
+  // The same without a copy: ZeroMQ holds `message` until it is sent (or dropped), and
+  // queued_bytes() counts it until then, so a caller can bound the memory its snapshots take.
+  void publish_to(const std::string& subscriber, uint32_t fragment, std::shared_ptr<const std::vector<uint8_t>> message);
+  // Bytes of shared messages handed to ZeroMQ and not yet sent or dropped.
+  uint64_t queued_bytes() const { return queued_->load(); }
   // A RoundOpen notice of the fragment (same rules).
   void publish_round_open(uint32_t fragment, std::span<const uint8_t> message);
 
@@ -56,6 +63,9 @@ class ParamsPublisher {
   void send(const std::string& topic, std::span<const uint8_t> message);
 
   zmq::socket_t socket_;
+  // Shared with the messages in flight, which may be freed by ZeroMQ's I/O thread after this
+  // publisher is gone.
+  std::shared_ptr<std::atomic<uint64_t>> queued_ = std::make_shared<std::atomic<uint64_t>>(0);
   std::string bound_;
 };
 

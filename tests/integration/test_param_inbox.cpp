@@ -103,7 +103,7 @@ TEST_CASE("the inbox applies updates bit for bit and asks for a snapshot when it
     testing::eventually(
         [&] {
           for (auto& p : inbox.take({0}))
-            if (p.version == want) got = std::move(p);
+            if (p->version == want) got = *p;
           return got.has_value();
         },
         10s);
@@ -222,7 +222,7 @@ TEST_CASE("an inbox that starts from the versions the learner read asks for noth
   testing::eventually(
       [&] {
         publisher.publish(0, update_message(v4));
-        for (auto& p : inbox.take({3})) got = std::move(p);
+        for (auto& p : inbox.take({3})) got = *p;
         return got.has_value();
       },
       10s);

@@ -9,6 +9,7 @@
 #include "core/errors.h"
 #include "core/fragments/partition.h"
 #include "core/model/transformer.h"
+#include "core/train/model_setup.h"
 
 using namespace diloco;
 
@@ -159,4 +160,39 @@ TEST_CASE("every parameter gets a gradient", "[model]") {
     INFO(m.parameter_names()[i]);
     REQUIRE(m.parameters()[i].grad().defined());
   }
+}
+
+TEST_CASE("the seeded fragments and the layout come without a model, bit for bit those of build_model", "[model]") {
+  RunConfig config;
+  config.model.layers = 3;
+  config.model.width = 32;
+  config.model.heads = 4;
+  config.model.context = 16;
+  config.diloco.fragments = 3;
+  config.run.seed = 11;
+  const ModelSetup setup = build_model(config);
+  const FragmentLayout layout = build_layout(config);
+  CHECK(layout.fingerprint == setup.layout.fingerprint);
+  REQUIRE(layout.num_fragments() == 3);
+  // Any subset, in any order: each fragment's values are those of the seeded model's.
+  for (const std::vector<uint32_t>& wanted : {std::vector<uint32_t>{0, 1, 2}, {2}, {1}, {2, 0}}) {
+    const auto seeded = seeded_fragments(config, layout, wanted);
+    REQUIRE(seeded.size() == wanted.size());
+    for (uint32_t p : wanted) {
+      const auto expected = fragment_tensors(setup.model, setup.layout, p);
+      const auto& got = seeded.at(p);
+      REQUIRE(got.size() == expected.size());
+      for (size_t i = 0; i < got.size(); ++i) {
+        CHECK(got[i].shape == expected[i].shape);
+        CHECK(got[i].values == expected[i].values);
+      }
+      CHECK(genesis_state(config, layout, p, seeded.at(p)).checksum == genesis_state(config, setup, p).checksum);
+    }
+  }
+  // Another seed gives other values.
+  RunConfig other = config;
+  other.run.seed = 12;
+  CHECK(seeded_fragments(other, layout, std::vector<uint32_t>{0}).at(0)[0].values !=
+        seeded_fragments(config, layout, std::vector<uint32_t>{0}).at(0)[0].values);
+  CHECK_THROWS_AS(seeded_fragments(config, layout, std::vector<uint32_t>{3}), InvalidInput);
 }

@@ -29,6 +29,7 @@ int print_verify(const VerifyReport& report) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  return_large_buffers();
   CLI::App app{
       "diloco-replay: reads a run's logs (the delta topics, merges and state) read_committed, on a live run\n"
       "or a finished one. `list` and `show` tell which learner sent what and what became of it (merged into\n"
