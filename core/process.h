@@ -27,7 +27,9 @@ inline void install_stop_handlers() {
 // Blocks of 1 MiB or more (tensors, messages) are mapped on their own and go back to the system
 // when freed. glibc's default threshold grows up to 32 MiB as large blocks are freed, and blocks
 // below it stay in the heap, where a fragment's worth of freed tensors can keep the resident set
-// far above what is live (bench/RESULTS.md, the data plane at model scale).
+// far above what is live (bench/RESULTS.md, the data plane at model scale). Learners do not call
+// it: their training steps allocate activations of that size every step, and a mapping each time
+// costs page faults on every step.
 inline void return_large_buffers() { mallopt(M_MMAP_THRESHOLD, 1 << 20); }
 
 // Wall-clock time in microseconds since the Unix epoch: what messages and metrics lines carry.

@@ -83,7 +83,6 @@ int main(int argc, char** argv) {
     return 2;
   }
   install_stop_handlers();
-  return_large_buffers();
   try {
     o.config = load_run_config(config_file, overrides);
     return run_learner(o, stop_requested());

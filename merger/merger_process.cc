@@ -159,7 +159,13 @@ class MergerProcess : public RebalanceListener {
   // (subscriber, fragment) snapshots asked for and not yet sent, and when each was last sent.
   static constexpr size_t kMaxPendingSnapshots = 1 << 16;
   std::set<std::pair<std::string, uint32_t>> requested_;
-  std::map<std::pair<std::string, uint32_t>, Clock::time_point> served_at_;
+  // A snapshot sent: when, of which version, and the message while ZeroMQ still holds it.
+  struct Served {
+    Clock::time_point at;
+    uint64_t version = 0;
+    std::weak_ptr<const std::vector<uint8_t>> queued;
+  };
+  std::map<std::pair<std::string, uint32_t>, Served> served_at_;
   std::unique_ptr<Consumer> consumer_;
   std::unique_ptr<LogWriter> writer_;
   std::unique_ptr<Producer> plain_;
@@ -615,6 +621,9 @@ void MergerProcess::serve_requests() {
     if (owned_.count(p)) requested_.insert({id, p});
   };
   if (!r.joined.empty()) metrics_.add("subscribers_joined_total", static_cast<double>(r.joined.size()));
+  // A subscriber that (re)connected holds nothing this merger sent before.
+  for (const auto& id : r.joined)
+    std::erase_if(served_at_, [&](const auto& entry) { return entry.first.first == id; });
   for (const auto& [id, fragments] : r.fragments)
     for (uint32_t p : fragments) want(id, p);
   const auto t = Clock::now();
@@ -628,7 +637,21 @@ void MergerProcess::serve_requests() {
       continue;
     }
     auto served = served_at_.find(*it);
-    if (served == served_at_.end() || t - served->second >= interval) due[p].push_back(id);
+    if (served == served_at_.end()) {
+      due[p].push_back(id);
+    } else if (served->second.version == owned_.at(p).state.version &&
+               (!served->second.queued.expired() ||
+                t - served->second.at < std::chrono::milliseconds(t_.snapshot_resend_ms))) {
+      // This version is on its way to this subscriber or was sent to it a moment ago: a large
+      // snapshot takes longer to arrive and be decoded than the subscriber's retry interval, so
+      // its repeated asks would make the snapshot travel twice or more. The same version goes
+      // again only after snapshot_resend_ms (it was lost: a full queue), or after a reconnect.
+      metrics_.add("snapshot_requests_coalesced_total", 1);
+      it = requested_.erase(it);
+      continue;
+    } else if (t - served->second.at >= interval) {
+      due[p].push_back(id);
+    }
     ++it;
   }
   for (const auto& [p, ids] : due) {
@@ -643,12 +666,15 @@ void MergerProcess::serve_requests() {
       publisher_->publish_to(id, p, message);
       metrics_.add("params_bytes_published_total", static_cast<double>(message->size()), {{"kind", "snapshot_to_one"}});
       metrics_.add("snapshots_published_total", 1);
-      served_at_[{id, p}] = t;
+      served_at_[{id, p}] = Served{.at = t, .version = owned_.at(p).state.version, .queued = message};
       requested_.erase({id, p});
     }
   }
   if (served_at_.size() > kMaxPendingSnapshots)
-    std::erase_if(served_at_, [&](const auto& entry) { return t - entry.second >= interval; });
+    std::erase_if(served_at_, [&](const auto& entry) {
+      return t - entry.second.at >= std::max(interval, std::chrono::milliseconds(t_.snapshot_resend_ms)) &&
+             entry.second.queued.expired();
+    });
 }
 
 // The quorum of fragment p is in: tell the learners while the grace window is open, so that those

@@ -40,6 +40,10 @@ struct MergerTimeouts {
   // connects, or one that missed a version): requests for one fragment are coalesced into at most
   // one publish per snapshot_interval_ms, so a burst of joins or a hostile subscriber costs little.
   int snapshot_interval_ms = 250;
+  // The same version of a fragment goes to the same subscriber again only this long after it was
+  // sent (and once it has left the queue), unless the subscriber reconnected: its asks while a
+  // large snapshot is still arriving or being decoded are not answered twice.
+  int snapshot_resend_ms = 5000;
   int drain_ms = 5000;          // at a clean stop, reading deltas already in Kafka
   int drain_quiet_ms = 500;
   int flush_ms = 5000;
