@@ -103,6 +103,18 @@ size_t merge_events(const std::string& dir, const std::string& id) {
   return n;
 }
 
+// Events of the newest process writing the instance's metrics file: those after its last "start"
+// (a replacement appends to its predecessor's file).
+size_t events_since_start(const std::string& dir, const std::string& id, const std::string& event) {
+  size_t n = 0;
+  for (const auto& j : testing::read_json_lines(dir + "/" + id + "/metrics.jsonl")) {
+    const std::string e = j.value("event", "");
+    if (e == "start") n = 0;
+    n += e == event;
+  }
+  return n;
+}
+
 // Exit code 0 within `limit`, or the process's log in the failure.
 void require_exit(testing::ChildProcess& p, std::chrono::seconds limit) {
   const std::optional<int> code = p.wait_exit(limit);
@@ -146,7 +158,24 @@ TEST_CASE("diloco-replay verifies, rebuilds, lists and re-merges a run whose mer
   REQUIRE(first->wait_exit(10s).has_value());
   auto second = merger();
   for (auto& l : learners) require_exit(*l, 180s);
-  REQUIRE(testing::eventually([&] { return testing::last_event(dir + "/M0/metrics.jsonl", "recovered").has_value(); }, 60s));
+  // The replacement's own recovery (the killed merger's open transaction is aborted by the broker
+  // first), then its merges of what the learners sent after the kill, until none comes for 5 s.
+  // Stopped earlier, it would leave those deltas pending, and the final model would be the one of
+  // the first few merges (a fast machine finishes the learners before the replacement recovers).
+  REQUIRE(testing::eventually([&] { return events_since_start(dir, "M0", "recovered") > 0; }, 90s));
+  {
+    size_t seen = 0;
+    auto changed = std::chrono::steady_clock::now();
+    testing::eventually(
+        [&] {
+          const size_t n = merge_events(dir, "M0");
+          if (n != seen) seen = n, changed = std::chrono::steady_clock::now();
+          return std::chrono::steady_clock::now() - changed > 5s;
+        },
+        120s);
+  }
+  INFO(second->log());
+  CHECK(events_since_start(dir, "M0", "merge") > 0);
   second->signal(SIGTERM);
   require_exit(*second, 60s);
 
