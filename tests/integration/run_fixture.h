@@ -46,10 +46,12 @@ inline std::string learner_binary() { return DILOCO_BINARY_DIR "/bin/diloco-lear
 inline std::string merger_binary() { return DILOCO_BINARY_DIR "/bin/diloco-merger"; }
 
 // One merger ("M0") and `learners` learners ("L0", ...) of tiny in one region "r0" of `run`, each
-// with `sets` (--set pairs) and its run folder under `dir`; the learners train `steps` steps.
-// Waits for every learner to exit 0 (within `timeout`), then stops the merger with SIGTERM.
+// with `sets` (--set pairs) and its run folder under `dir`; the learners train `steps` steps, with
+// `learner_args` added to their command lines. Waits for every learner to exit 0 (within
+// `timeout`), then stops the merger with SIGTERM.
 inline void run_small_cluster(const KafkaOptions& kafka, const std::string& dir, const std::vector<std::string>& sets,
-                              int learners, int steps, std::chrono::seconds timeout) {
+                              int learners, int steps, std::chrono::seconds timeout,
+                              const std::vector<std::string>& learner_args = {}) {
   auto start = [&](std::vector<std::string> args, const std::string& id) {
     args.insert(args.end(), {"-c", tiny_config_path(), "--id", id, "--bootstrap", kafka.bootstrap_servers,
                              "--run-dir", dir + "/" + id});
@@ -58,11 +60,13 @@ inline void run_small_cluster(const KafkaOptions& kafka, const std::string& dir,
   };
   auto merger = start({merger_binary()}, "M0");
   std::vector<std::unique_ptr<ChildProcess>> children;
-  for (int i = 0; i < learners; ++i)
-    children.push_back(start({learner_binary(), "--index", std::to_string(i), "--learners", std::to_string(learners),
-                              "--region", "r0", "--regions", "r0", "--steps", std::to_string(steps), "--log-every",
-                              "10"},
-                             "L" + std::to_string(i)));
+  for (int i = 0; i < learners; ++i) {
+    std::vector<std::string> args = {learner_binary(), "--index", std::to_string(i), "--learners", std::to_string(learners),
+                                     "--region", "r0", "--regions", "r0", "--steps", std::to_string(steps), "--log-every",
+                                     "10"};
+    args.insert(args.end(), learner_args.begin(), learner_args.end());
+    children.push_back(start(std::move(args), "L" + std::to_string(i)));
+  }
   for (auto& l : children) {
     auto code = l->wait_exit(timeout);
     INFO(l->log());
