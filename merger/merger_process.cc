@@ -31,6 +31,7 @@
 #include "merger/log_writer.h"
 #include "merger/membership.h"
 #include "merger/recovery.h"
+#include "merger/snapshot_requests.h"
 
 namespace diloco {
 
@@ -156,16 +157,7 @@ class MergerProcess : public RebalanceListener {
   Membership membership_;
   zmq::context_t zmq_{1};
   std::unique_ptr<ParamsPublisher> publisher_;
-  // (subscriber, fragment) snapshots asked for and not yet sent, and when each was last sent.
-  static constexpr size_t kMaxPendingSnapshots = 1 << 16;
-  std::set<std::pair<std::string, uint32_t>> requested_;
-  // A snapshot sent: when, of which version, and the message while ZeroMQ still holds it.
-  struct Served {
-    Clock::time_point at;
-    uint64_t version = 0;
-    std::weak_ptr<const std::vector<uint8_t>> queued;
-  };
-  std::map<std::pair<std::string, uint32_t>, Served> served_at_;
+  SnapshotRequests snapshots_;
   std::unique_ptr<Consumer> consumer_;
   std::unique_ptr<LogWriter> writer_;
   std::unique_ptr<Producer> plain_;
@@ -183,7 +175,10 @@ MergerProcess::MergerProcess(const MergerOptions& options, const std::atomic<boo
                                 .tau = options.config.merger.grace_tau,
                                 .cap_step_times = options.config.merger.grace_cap_steps,
                                 .cap_seconds = options.config.merger.grace_cap_seconds}),
-      membership_(options.config.merger.liveness_seconds) {
+      membership_(options.config.merger.liveness_seconds),
+      snapshots_(SnapshotRequestOptions{.interval = std::chrono::milliseconds(options.timeouts.snapshot_interval_ms),
+                                        .resend = std::chrono::milliseconds(options.timeouts.snapshot_resend_ms),
+                                        .queue_bytes = options.snapshot_queue_bytes}) {
   // A config whose chunks cannot fit one Kafka record, or whose messages one buffer, is refused
   // at start-up.
   check_message_sizes(o_.config, layout_, o_.kafka.max_message_bytes);
@@ -605,76 +600,33 @@ void MergerProcess::publish_update(uint32_t p) {
   metrics_.add("params_bytes_published_total", static_cast<double>(message.size()), {{"kind", "update"}});
 }
 
-// Subscribers that missed a version asked for fragments: send each a snapshot of the fragments it
-// wants, to it alone, at most once per snapshot interval per subscriber and fragment (requests in
-// between are coalesced). A subscriber that connects gets nothing unasked: it holds the versions
-// it read from the `state` topic and asks for what the heartbeats show it lacks.
+// Subscribers that missed a version asked for fragments: each gets a snapshot of what it wants, to
+// it alone, by the rules of merger/snapshot_requests.h. A subscriber that connects gets nothing
+// unasked: it holds the versions it read from the `state` topic and asks for what the heartbeats
+// show it lacks.
 void MergerProcess::serve_requests() {
   auto r = publisher_->take_requests();
   if (r.count) metrics_.add("snapshot_requests_total", static_cast<double>(r.count));
-  auto want = [&](const std::string& id, uint32_t p) {
-    // Bounded: a flood of made-up subscriber ids cannot grow the merger without limit.
-    if (requested_.size() >= kMaxPendingSnapshots) {
-      metrics_.add("snapshot_requests_dropped_total", 1);
-      return;
-    }
-    if (owned_.count(p)) requested_.insert({id, p});
-  };
   if (!r.joined.empty()) metrics_.add("subscribers_joined_total", static_cast<double>(r.joined.size()));
-  // A subscriber that (re)connected holds nothing this merger sent before.
-  for (const auto& id : r.joined)
-    std::erase_if(served_at_, [&](const auto& entry) { return entry.first.first == id; });
+  for (const auto& id : r.joined) snapshots_.joined(id);
   for (const auto& [id, fragments] : r.fragments)
-    for (uint32_t p : fragments) want(id, p);
-  const auto t = Clock::now();
-  const auto interval = std::chrono::milliseconds(t_.snapshot_interval_ms);
-  // Due requests by fragment, so that one encoding serves every subscriber asking for it.
-  std::map<uint32_t, std::vector<std::string>> due;
-  for (auto it = requested_.begin(); it != requested_.end();) {
-    const auto& [id, p] = *it;
-    if (!owned_.count(p)) {
-      it = requested_.erase(it);
-      continue;
-    }
-    auto served = served_at_.find(*it);
-    if (served == served_at_.end()) {
-      due[p].push_back(id);
-    } else if (served->second.version == owned_.at(p).state.version &&
-               (!served->second.queued.expired() ||
-                t - served->second.at < std::chrono::milliseconds(t_.snapshot_resend_ms))) {
-      // This version is on its way to this subscriber or was sent to it a moment ago: a large
-      // snapshot takes longer to arrive and be decoded than the subscriber's retry interval, so
-      // its repeated asks would make the snapshot travel twice or more. The same version goes
-      // again only after snapshot_resend_ms (it was lost: a full queue), or after a reconnect.
-      metrics_.add("snapshot_requests_coalesced_total", 1);
-      it = requested_.erase(it);
-      continue;
-    } else if (t - served->second.at >= interval) {
-      due[p].push_back(id);
-    }
-    ++it;
+    for (uint32_t p : fragments)
+      if (!snapshots_.want(id, p, owned_.count(p) > 0)) metrics_.add("snapshot_requests_dropped_total", 1);
+  if (snapshots_.pending() == 0) return;
+  std::map<uint32_t, uint64_t> versions;
+  for (const auto& [p, f] : owned_) versions[p] = f.state.version;
+  const auto turn = snapshots_.serve(
+      Clock::now(), versions, [&] { return publisher_->queued_bytes(); },
+      [&](uint32_t p) { return snapshot_message(p); },
+      [&](const std::string& id, uint32_t p, const SnapshotRequests::Message& message) {
+        publisher_->publish_to(id, p, message);
+      });
+  if (turn.sent) {
+    metrics_.add("params_bytes_published_total", static_cast<double>(turn.bytes), {{"kind", "snapshot_to_one"}});
+    metrics_.add("snapshots_published_total", static_cast<double>(turn.sent));
   }
-  for (const auto& [p, ids] : due) {
-    // Snapshots still queued in ZeroMQ are held in memory: past the bound the rest wait for the
-    // next turn (they stay requested).
-    if (publisher_->queued_bytes() >= o_.snapshot_queue_bytes) {
-      metrics_.add("snapshots_deferred_total", static_cast<double>(ids.size()));
-      break;
-    }
-    const auto message = snapshot_message(p);
-    for (const auto& id : ids) {
-      publisher_->publish_to(id, p, message);
-      metrics_.add("params_bytes_published_total", static_cast<double>(message->size()), {{"kind", "snapshot_to_one"}});
-      metrics_.add("snapshots_published_total", 1);
-      served_at_[{id, p}] = Served{.at = t, .version = owned_.at(p).state.version, .queued = message};
-      requested_.erase({id, p});
-    }
-  }
-  if (served_at_.size() > kMaxPendingSnapshots)
-    std::erase_if(served_at_, [&](const auto& entry) {
-      return t - entry.second.at >= std::max(interval, std::chrono::milliseconds(t_.snapshot_resend_ms)) &&
-             entry.second.queued.expired();
-    });
+  if (turn.coalesced) metrics_.add("snapshot_requests_coalesced_total", static_cast<double>(turn.coalesced));
+  if (turn.deferred) metrics_.add("snapshots_deferred_total", static_cast<double>(turn.deferred));
 }
 
 // The quorum of fragment p is in: tell the learners while the grace window is open, so that those

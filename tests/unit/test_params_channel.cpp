@@ -1,6 +1,7 @@
 // The ZeroMQ parameter channel over loopback TCP: a subscriber connected to two publishers gets
 // both; malformed framing is skipped; an endpoint already in use is a clear error; a publisher
-// sees a subscriber that connects and one that asks for a fragment; bytes received are counted.
+// sees a subscriber that connects and one that asks for a fragment; bytes received are counted;
+// shared snapshots travel without a copy and are counted as queued until sent.
 #include <catch2/catch.hpp>
 
 #include <functional>
@@ -152,6 +153,51 @@ TEST_CASE("a publisher sees a subscriber connect and ask for one fragment, and a
   CHECK(odd.count >= 5);
   CHECK(odd.fragments.empty());
   CHECK(odd.joined.empty());
+}
+
+TEST_CASE("a shared snapshot is sent without a copy and counted as queued until it is out", "[zmq]") {
+  zmq::context_t context;
+  ParamsPublisher pub(context, "tcp://127.0.0.1:*");
+  // Its receive queue holds one message, so once that is full its I/O thread stops reading the
+  // socket, as a subscriber behind a slow link would.
+  ParamsSubscriber sub(context, 1, "slow");
+  sub.connect(pub.bound_endpoint());
+  REQUIRE(requests_within(pub, [](const auto& r) { return r.joined.count("slow") > 0; }).joined.count("slow"));
+
+  // Nobody subscribed to this id: the publisher drops the message at once and lets go of it.
+  auto unseen = std::make_shared<const std::vector<uint8_t>>(1000, 1);
+  pub.publish_to("nobody", 0, unseen);
+  CHECK(unseen.use_count() == 1);
+  CHECK(pub.queued_bytes() == 0);
+
+  // Three 32 MiB snapshots to a subscriber that does not read: one fills its queue, loopback's
+  // socket buffers take a few MiB, the rest stays in the publisher's queue, held by reference
+  // (the same bytes, not a copy).
+  constexpr size_t kSize = 32u << 20;
+  std::vector<std::shared_ptr<const std::vector<uint8_t>>> snapshots;
+  for (uint8_t fill : {uint8_t{5}, uint8_t{6}, uint8_t{7}}) {
+    snapshots.push_back(std::make_shared<const std::vector<uint8_t>>(kSize, fill));
+    pub.publish_to("slow", fill, snapshots.back());
+  }
+  std::this_thread::sleep_for(300ms);
+  CHECK(pub.queued_bytes() > kSize);
+  CHECK(pub.queued_bytes() <= 2 * kSize);
+  CHECK(snapshots.front().use_count() == 1);  // out of the publisher
+  CHECK(snapshots.back().use_count() == 2);   // ours and the queued message's
+
+  // Once the subscriber has read them all, nothing is queued and ZeroMQ holds no reference.
+  for (uint8_t fill : {uint8_t{5}, uint8_t{6}, uint8_t{7}}) {
+    auto got = sub.receive(5000ms);
+    REQUIRE(got);
+    CHECK(got->snapshot_for_me);
+    CHECK(got->fragment == fill);
+    CHECK(got->message.size() == kSize);
+    CHECK(got->message.front() == fill);
+    CHECK(got->message.back() == fill);
+  }
+  for (int i = 0; i < 100 && pub.queued_bytes() > 0; ++i) std::this_thread::sleep_for(10ms);
+  CHECK(pub.queued_bytes() == 0);
+  for (const auto& s : snapshots) CHECK(s.use_count() == 1);
 }
 
 TEST_CASE("malformed framing is skipped, not crashed on", "[zmq]") {
