@@ -9,6 +9,7 @@
 
 #include "core/kafka/consumer.h"
 #include "core/zmq/params_channel.h"
+#include "learner/snapshot_asks.h"
 
 namespace diloco {
 
@@ -78,7 +79,9 @@ void ParamInbox::run() {
   // fragment: a gap that lasts is asked for again.
   using Clock = std::chrono::steady_clock;
   std::map<uint32_t, uint64_t> announced;
-  std::map<uint32_t, Clock::time_point> behind_since, asked_at;
+  std::map<uint32_t, Clock::time_point> behind_since;
+  SnapshotAsks asks(std::chrono::duration<double>(options_.request_interval_s),
+                    std::chrono::duration<double>(options_.request_interval_max_s));
   // The newest version of each fragment held in full: what the next update applies to. The same
   // object is handed out by take(), never changed (an update makes the next one).
   std::map<uint32_t, std::shared_ptr<const FragmentParams>> held;
@@ -87,8 +90,8 @@ void ParamInbox::run() {
     held[p] = std::make_shared<const FragmentParams>(std::move(params));
   }
   options_.held.clear();
-  // Fragments a snapshot is wanted of: asked for at most once per request_interval_s, and again
-  // until a usable version arrives.
+  // Fragments a snapshot is wanted of: asked for again until a usable version arrives, each time
+  // waiting twice as long (learner/snapshot_asks.h).
   std::set<uint32_t> wanted;
   // The checksum a merger's heartbeat gives for a version: a held version with other bits (from a
   // merger that lost the fragment, or corrupted) is replaced by a snapshot.
@@ -119,13 +122,12 @@ void ParamInbox::run() {
       if (now - since >= std::chrono::duration<double>(options_.request_delay_s)) wanted.insert(p);
     }
     for (auto it = wanted.begin(); it != wanted.end();) {
-      auto asked = asked_at.find(*it);
-      if (asked != asked_at.end() && now - asked->second < std::chrono::duration<double>(options_.request_interval_s)) {
+      if (!asks.due(*it, now)) {
         ++it;
         continue;
       }
       subscriber.request(*it);
-      asked_at[*it] = now;
+      asks.asked(*it, now);
       metrics_.add("params_requested_total", 1);
       it = wanted.erase(it);
     }
@@ -212,6 +214,7 @@ void ParamInbox::run() {
       auto shared = std::make_shared<const FragmentParams>(std::move(params));
       held[p] = shared;
       wanted.erase(p);
+      asks.satisfied(p);
       std::lock_guard lock(mutex_);
       auto& slot = latest_[p];
       if (!slot || shared->version >= slot->version) slot = std::move(shared);

@@ -35,9 +35,11 @@ struct ParamInboxOptions {
   std::vector<std::string> endpoints;
   // A fragment whose version a merger announced in `members` and that has not arrived for
   // request_delay_s (a dropped message, a merger that was recovering when this learner
-  // connected) is asked for again, at most once per request_interval_s.
+  // connected) is asked for; while it stays missing it is asked for again after
+  // request_interval_s, then after twice that, and so on up to request_interval_max_s.
   double request_delay_s = 0.5;
   double request_interval_s = 1.0;
+  double request_interval_max_s = 16.0;
   // The versions the learner starts from (read from the `state` topic, so bit for bit the
   // mergers'): updates on them apply at once, and no snapshot is asked for while the mergers
   // announce nothing newer.
