@@ -26,6 +26,7 @@
 #include "core/codec/messages.h"
 #include "core/errors.h"
 #include "core/parallel.h"
+#include "core/process.h"
 #include "merger/delta_tensors.h"
 #include "merger/merge_step.h"
 
@@ -59,6 +60,7 @@ std::vector<DenseTensor> random_tensors(const std::vector<TensorSpec>& layout, s
 }  // namespace
 
 int main(int argc, char** argv) {
+  return_large_buffers();  // as the merger does, so its allocations cost here what they cost there
   size_t params = size_t{1} << 25;
   int inputs = 4, runs = 5;
   std::string thread_list = "1 2";
