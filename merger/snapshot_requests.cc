@@ -9,8 +9,9 @@ void SnapshotRequests::joined(const std::string& id) {
 }
 
 bool SnapshotRequests::want(const std::string& id, uint32_t p, bool owned) {
+  if (!owned) return true;
   if (requested_.size() >= o_.max_pending && !requested_.count({id, p})) return false;
-  if (owned) requested_.insert({id, p});
+  requested_.insert({id, p});
   return true;
 }
 

@@ -25,10 +25,12 @@
 
 namespace diloco {
 
+// No defaults here but the bound on pending requests: the merger's options (MergerTimeouts,
+// MergerOptions::snapshot_queue_bytes) are the one place the others are set.
 struct SnapshotRequestOptions {
-  std::chrono::milliseconds interval{250};
-  std::chrono::milliseconds resend{5000};
-  uint64_t queue_bytes = 512ull << 20;
+  std::chrono::milliseconds interval;
+  std::chrono::milliseconds resend;
+  uint64_t queue_bytes;
   size_t max_pending = 1 << 16;
 };
 
@@ -37,11 +39,12 @@ class SnapshotRequests {
   using Clock = std::chrono::steady_clock;
   using Message = std::shared_ptr<const std::vector<uint8_t>>;
 
-  explicit SnapshotRequests(const SnapshotRequestOptions& options = {}) : o_(options) {}
+  explicit SnapshotRequests(const SnapshotRequestOptions& options) : o_(options) {}
 
   // A subscriber (re)connected: it holds nothing sent to it before.
   void joined(const std::string& id);
-  // `id` asks for fragment p (only fragments owned are kept). False when dropped at the bound.
+  // `id` asks for fragment p (only fragments owned are kept; an ask for another is ignored, not
+  // dropped). False when an ask for an owned fragment is dropped at the bound.
   bool want(const std::string& id, uint32_t p, bool owned);
 
   struct Turn {

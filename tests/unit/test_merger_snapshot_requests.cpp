@@ -11,8 +11,13 @@ using namespace std::chrono_literals;
 
 namespace {
 
+// The rules' timing as the merger's defaults set it (MergerTimeouts); the bounds per test.
+SnapshotRequestOptions options(uint64_t queue_bytes = 1ull << 30, size_t max_pending = 1 << 16) {
+  return {.interval = 250ms, .resend = 5000ms, .queue_bytes = queue_bytes, .max_pending = max_pending};
+}
+
 struct Harness {
-  explicit Harness(SnapshotRequestOptions o = {}) : requests(o) {}
+  explicit Harness(SnapshotRequestOptions o = options()) : requests(o) {}
   SnapshotRequests requests;
   SnapshotRequests::Clock::time_point now{};
   std::map<uint32_t, uint64_t> versions{{0, 1}, {1, 1}, {2, 1}};
@@ -102,7 +107,7 @@ TEST_CASE("a new version is sent after the interval, asks inside it wait", "[mer
 }
 
 TEST_CASE("snapshots wait while the publisher's queue is at its bound", "[merger][snapshots]") {
-  Harness h(SnapshotRequestOptions{.queue_bytes = 1000});
+  Harness h(options(1000));
   h.requests.want("a", 0, true);
   h.requests.want("b", 0, true);
   h.requests.want("a", 2, true);
@@ -120,12 +125,13 @@ TEST_CASE("snapshots wait while the publisher's queue is at its bound", "[merger
 }
 
 TEST_CASE("requests for fragments not owned are forgotten, and pending requests are bounded", "[merger][snapshots]") {
-  Harness h(SnapshotRequestOptions{.max_pending = 2});
+  Harness h(options(1ull << 30, 2));
   CHECK(h.requests.want("a", 7, false));  // not owned: not kept
   CHECK(h.requests.pending() == 0);
   CHECK(h.requests.want("a", 0, true));
   CHECK(h.requests.want("b", 0, true));
   CHECK_FALSE(h.requests.want("c", 0, true));  // a flood of ids is dropped at the bound
+  CHECK(h.requests.want("c", 7, false));       // at the bound, an unowned ask is ignored, not a drop
   CHECK(h.requests.want("a", 0, true));        // asking again for a kept request is no new entry
   CHECK(h.requests.pending() == 2);
   // Ownership moved away before the turn: nothing is sent and nothing stays pending.

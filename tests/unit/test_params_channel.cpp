@@ -179,7 +179,8 @@ TEST_CASE("a shared snapshot is sent without a copy and counted as queued until 
     snapshots.push_back(std::make_shared<const std::vector<uint8_t>>(kSize, fill));
     pub.publish_to("slow", fill, snapshots.back());
   }
-  std::this_thread::sleep_for(300ms);
+  // The first message leaves the queue once its send completes: wait for that, not a fixed time.
+  for (int i = 0; i < 500 && pub.queued_bytes() > 2 * kSize; ++i) std::this_thread::sleep_for(10ms);
   CHECK(pub.queued_bytes() > kSize);
   CHECK(pub.queued_bytes() <= 2 * kSize);
   CHECK(snapshots.front().use_count() == 1);  // out of the publisher
