@@ -15,6 +15,7 @@
 #include "core/fragments/message_budget.h"
 #include "core/fragments/schedule.h"
 #include "core/kafka/consumer.h"
+#include "core/kafka/log_reader.h"
 #include "core/kafka/run_log.h"
 #include "core/kafka/traffic.h"
 #include "core/metrics/metrics.h"

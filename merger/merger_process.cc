@@ -80,9 +80,10 @@ class MergerProcess : public RebalanceListener {
     return run_decode_limits(o_.config, layout_);
   }
   LogContext log_context() const {
+    if (!log_reader_) log_reader_ = std::make_shared<LogReader>(o_.kafka);
     return LogContext{.kafka = o_.kafka, .topics = topics_, .config = &o_.config, .layout = &layout_,
                       .genesis = genesis_from_seed(o_.config, layout_),
-                      .limits = limits(), .pool = &pool_};
+                      .limits = limits(), .pool = &pool_, .reader = log_reader_};
   }
   std::vector<uint32_t> fragments_of(int32_t partition) const;
   InputBounds input_bounds() const {
@@ -129,6 +130,8 @@ class MergerProcess : public RebalanceListener {
   const std::atomic<bool>& stop_;
   const MergerFaults faults_ = MergerFaults::from_environment();
   mutable WorkPool pool_;  // shares each merge's arithmetic (live merges and recovery)
+  // Every recovery's reads of the logs, through one consumer made at the first recovery.
+  mutable std::shared_ptr<LogReader> log_reader_;
   int recoveries_ = 0;  // recoveries attempted
   // The layout only: version 0 of a fragment no checkpoint holds is generated from the seed
   // when a recovery needs it (genesis_from_seed), so no seeded model of every fragment (4 bytes

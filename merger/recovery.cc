@@ -2,7 +2,6 @@
 
 #include <algorithm>
 
-#include "core/kafka/consumer.h"
 
 namespace diloco {
 
@@ -106,13 +105,46 @@ Delta logged_delta(const LogContext& ctx, const DeltaMessages& messages, const D
   return d;
 }
 
+LogContext with_reader(const LogContext& ctx) {
+  LogContext out = ctx;
+  if (!out.reader) out.reader = std::make_shared<LogReader>(ctx.kafka);
+  return out;
+}
+
+std::vector<LogPosition> input_positions(const MergeRecord& record) {
+  std::vector<LogPosition> out;
+  for (const auto& in : record.inputs) out.push_back(in.position);
+  return out;
+}
+
+void for_each_with_deltas(const LogContext& context, std::span<const LoggedMerge> merges, const NamedDeltas& named,
+                          const std::function<bool(const LoggedMerge&, const DeltaMessages&)>& visit) {
+  const LogContext ctx = with_reader(context);
+  size_t window = kFirstWindowDeltas;
+  uint64_t largest = 0;  // bytes of the largest delta fetched so far
+  for (size_t begin = 0; begin < merges.size();) {
+    std::vector<TopicPartitionOffset> wanted;
+    size_t end = begin;
+    while (end < merges.size() && (end == begin || wanted.size() < window)) {
+      for (const auto& p : named(merges[end].record)) wanted.push_back({p.topic, p.partition, p.offset});
+      ++end;
+    }
+    const auto messages = ctx.reader->fetch(wanted, ctx.timeout_ms, &ctx.limits);
+    for (const auto& m : messages) largest = std::max<uint64_t>(largest, m.value.size());
+    window = std::clamp<uint64_t>(ctx.window_bytes / std::max<uint64_t>(largest, 1), 1, kMaxWindowDeltas);
+    const DeltaMessages index = index_by_position(messages);
+    for (size_t i = begin; i < end; ++i)
+      if (!visit(merges[i], index)) return;
+    begin = end;
+  }
+}
+
 void apply_logged_merge(const LogContext& ctx, FragmentState& state, const LoggedMerge& merge) {
-  std::vector<TopicPartitionOffset> wanted;
-  for (const auto& in : merge.record.inputs)
-    wanted.push_back({in.position.topic, in.position.partition, in.position.offset});
-  auto messages = is_merge(merge.record) ? fetch_positions(ctx.kafka, wanted, ctx.timeout_ms, &ctx.limits)
-                                         : std::vector<ConsumedMessage>{};
-  apply_logged_merge(ctx, state, merge, index_by_position(messages));
+  for_each_with_deltas(ctx, std::span<const LoggedMerge>(&merge, 1), input_positions,
+                       [&](const LoggedMerge& m, const DeltaMessages& messages) {
+                         apply_logged_merge(ctx, state, m, messages);
+                         return true;
+                       });
 }
 
 void apply_logged_merge(const LogContext& ctx, FragmentState& state, const LoggedMerge& merge,
@@ -152,8 +184,8 @@ void apply_logged_merge(const LogContext& ctx, FragmentState& state, const Logge
 std::vector<LoggedMerge> read_merges(const LogContext& ctx, int32_t partition, int64_t from_offset,
                                      const std::function<void(const LogPosition&, const std::string&)>& rejected) {
   std::vector<LoggedMerge> out;
-  read_partitions_to_end(
-      ctx.kafka, {{ctx.topics.merges(), partition, from_offset}},
+  with_reader(ctx).reader->read_to_end(
+      {{ctx.topics.merges(), partition, from_offset}},
       [&](const ConsumedMessage& m) {
         LogPosition position{m.topic, m.partition, m.offset};
         try {
@@ -176,8 +208,9 @@ bool continues_state(const FragmentState& state, const LoggedMerge& merge) {
                      " but the log reached only version " + std::to_string(state.version));
 }
 
-std::map<uint32_t, RecoveredFragment> recover_partition(const LogContext& ctx, int32_t partition,
+std::map<uint32_t, RecoveredFragment> recover_partition(const LogContext& context, int32_t partition,
                                                         std::span<const uint32_t> fragments) {
+  const LogContext ctx = with_reader(context);  // one reader for every read below
   std::map<uint32_t, RecoveredFragment> out;
   for (uint32_t p : fragments) out[p];
   // Read only settled logs: reading around an open transaction would miss a merge that is
@@ -193,8 +226,8 @@ std::map<uint32_t, RecoveredFragment> recover_partition(const LogContext& ctx, i
   }
   // Newest checkpoint of each fragment (the topic is compacted by fragment id, but until the
   // cleaner runs older versions are still there: keep the highest).
-  read_partitions_to_end(
-      ctx.kafka, {{ctx.topics.state(), partition, -2}},
+  ctx.reader->read_to_end(
+      {{ctx.topics.state(), partition, -2}},
       [&](const ConsumedMessage& m) {
         if (m.tombstone) return;
         try {
@@ -225,19 +258,31 @@ std::map<uint32_t, RecoveredFragment> recover_partition(const LogContext& ctx, i
     from = from < 0 ? start : std::min(from, start);
   }
   if (out.empty()) return out;
-  for (const auto& merge : read_merges(ctx, partition, from < 0 ? -2 : from)) {
+  // The records of these fragments after their checkpoints, replayed with their deltas fetched a
+  // window at a time.
+  // Records certainly in a checkpoint already (at or before its record, or merges older than its
+  // version) are left out, so their deltas are not fetched.
+  std::vector<LoggedMerge> records;
+  for (auto& merge : read_merges(ctx, partition, from < 0 ? -2 : from)) {
     auto it = out.find(merge.record.fragment);
     if (it == out.end()) continue;
-    auto& f = it->second;
+    const FragmentState& s = it->second.state;
+    if (s.last_merge && merge.position.offset <= s.last_merge->offset) continue;
+    if (is_merge(merge.record) && merge.record.version < s.version) continue;
+    records.push_back(std::move(merge));
+  }
+  for_each_with_deltas(ctx, records, input_positions, [&](const LoggedMerge& merge, const DeltaMessages& deltas) {
+    auto& f = out.at(merge.record.fragment);
     // A checkpoint names a record at or before the one that produced it (the merger encodes it
     // before that record's offset is known); from here on, last_merge is that record itself.
     if (f.replayed.empty() && is_merge(merge.record) && merge.record.version == f.state.version &&
         (!f.state.last_merge || merge.position.offset > f.state.last_merge->offset))
       f.state.last_merge = merge.position;
-    if (!continues_state(f.state, merge)) continue;
-    apply_logged_merge(ctx, f.state, merge);
+    if (!continues_state(f.state, merge)) return true;
+    apply_logged_merge(ctx, f.state, merge, deltas);
     f.replayed.push_back(merge.record);
-  }
+    return true;
+  });
   return out;
 }
 

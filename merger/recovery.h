@@ -16,6 +16,7 @@
 #include "core/codec/messages.h"
 #include "core/config/run_config.h"
 #include "core/kafka/consumer.h"
+#include "core/kafka/log_reader.h"
 #include "core/kafka/options.h"
 #include "core/kafka/topics.h"
 #include "core/train/model_setup.h"
@@ -55,7 +56,20 @@ struct LogContext {
   int stable_wait_ms = 30000;
   // Threads that share a rebuilt merge's arithmetic (merge_step.h); null: the caller's.
   WorkPool* pool = nullptr;
+  // The one reader of every log read (a merger's, or a diloco-replay command's); null: each call
+  // below makes its own for the time it runs.
+  std::shared_ptr<LogReader> reader;
+  // Deltas fetched at once when records are replayed: at most this many bytes (after the first
+  // window, which takes kFirstWindowDeltas; sized from the largest delta seen so far), and never
+  // more than kMaxWindowDeltas.
+  uint64_t window_bytes = 256ull << 20;
 };
+
+inline constexpr size_t kFirstWindowDeltas = 16;
+inline constexpr size_t kMaxWindowDeltas = 256;
+
+// `ctx` with a reader: its own, or a new one.
+LogContext with_reader(const LogContext& ctx);
 
 // A merge record as read from `merges`, with where it was read.
 struct LoggedMerge {
@@ -83,6 +97,16 @@ DeltaMessages index_by_position(const std::vector<ConsumedMessage>& messages);
 // InvalidInput naming the delta and the record at `named_by` when it is missing or another one.
 Delta logged_delta(const LogContext& ctx, const DeltaMessages& messages, const DeltaRef& ref,
                    const LogPosition& named_by);
+
+// Which deltas of a record to fetch before visiting it.
+using NamedDeltas = std::function<std::vector<LogPosition>(const MergeRecord&)>;
+std::vector<LogPosition> input_positions(const MergeRecord& record);
+
+// Visits records in order with the deltas `named` picks already fetched, one read of ctx's
+// reader per window of deltas (window_bytes) instead of one per record. `visit` returns false to
+// stop.
+void for_each_with_deltas(const LogContext& ctx, std::span<const LoggedMerge> merges, const NamedDeltas& named,
+                          const std::function<bool(const LoggedMerge&, const DeltaMessages&)>& visit);
 
 // apply_logged_merge with the input deltas already fetched (`messages` may hold more), so that a
 // reader of many records fetches their deltas in one pass.

@@ -15,6 +15,7 @@
 #include "core/codec/messages.h"
 #include "core/errors.h"
 #include "core/kafka/consumer.h"
+#include "core/kafka/log_reader.h"
 #include "core/kafka/topics.h"
 #include "core/process.h"
 

@@ -160,6 +160,13 @@ void Consumer::assign(const std::vector<TopicPartitionOffset>& partitions) {
   ended_.clear();
 }
 
+void Consumer::unassign() {
+  RdKafka::ErrorCode err = consumer_->unassign();
+  if (err) throw Error("unassign: " + RdKafka::err2str(err));
+  assigned_count_ = 0;
+  ended_.clear();
+}
+
 std::vector<TopicPartitionOffset> Consumer::assignment() {
   std::vector<RdKafka::TopicPartition*> list;
   consumer_->assignment(list);
@@ -223,54 +230,6 @@ std::optional<int64_t> Consumer::cached_high_watermark(const std::string& topic,
   return high;
 }
 
-namespace {
-
-// Group-less readers of a log up to its end: the end is only reported after an empty fetch, so
-// a short fetch wait makes reading a short log fast (recovery, start-up, replay).
-ConsumerOptions log_reader_options(const KafkaOptions& options) {
-  ConsumerOptions consumer_options;
-  consumer_options.kafka = options;
-  consumer_options.kafka.extra.emplace_back("fetch.wait.max.ms", "10");
-  return consumer_options;
-}
-
-}  // namespace
-
-void read_partitions_to_end(const KafkaOptions& options, const std::vector<TopicPartitionOffset>& starts,
-                            const std::function<void(const ConsumedMessage&)>& on_message, int timeout_ms,
-                            const DecodeLimits* chunks, const OnChunkProblem& on_problem) {
-  if (starts.empty()) return;
-  Consumer reader(log_reader_options(options));
-  // Start at the low watermark rather than "beginning": the offset lookup librdkafka does for
-  // the logical offset costs a fetch cycle per partition.
-  std::vector<TopicPartitionOffset> resolved = starts;
-  for (auto& tp : resolved)
-    if (tp.offset == RdKafka::Topic::OFFSET_BEGINNING) tp.offset = reader.watermarks(tp.topic, tp.partition, timeout_ms).first;
-  reader.assign(resolved);
-  std::optional<ChunkAssembler> assembler;
-  if (chunks) assembler.emplace(*chunks);
-  auto problems = [&](const std::vector<ChunkProblem>& found) {
-    if (on_problem)
-      for (const auto& p : found) on_problem(p);
-  };
-  auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
-  while (!reader.at_end()) {
-    if (std::chrono::steady_clock::now() > deadline)
-      throw Unavailable("reading " + starts.front().topic + " to its end took longer than " +
-                        std::to_string(timeout_ms) + " ms");
-    auto message = reader.poll(200);
-    if (!message) continue;
-    if (!assembler) {
-      on_message(*message);
-      continue;
-    }
-    auto result = assembler->add(std::move(*message));
-    problems(result.problems);
-    if (result.message) on_message(*result.message);
-  }
-  if (assembler) problems(assembler->finish());
-}
-
 std::vector<UnstablePartition> wait_until_stable(const KafkaOptions& options,
                                                  const std::vector<TopicPartitionOffset>& partitions, int timeout_ms) {
   std::vector<UnstablePartition> unstable;
@@ -294,77 +253,6 @@ std::vector<UnstablePartition> wait_until_stable(const KafkaOptions& options,
     if (unstable.empty() || std::chrono::steady_clock::now() >= deadline) return unstable;
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
-}
-
-std::vector<ConsumedMessage> fetch_positions(const KafkaOptions& options,
-                                             const std::vector<TopicPartitionOffset>& positions, int timeout_ms,
-                                             const DecodeLimits* chunks) {
-  // One sequential read per partition, from its lowest wanted offset to its highest (and on to
-  // the last piece of a wanted chunked message).
-  std::map<std::pair<std::string, int32_t>, std::set<int64_t>> wanted;
-  for (const auto& p : positions) wanted[{p.topic, p.partition}].insert(p.offset);
-  std::vector<ConsumedMessage> out;
-  if (wanted.empty()) return out;
-  Consumer reader(log_reader_options(options));
-  std::vector<TopicPartitionOffset> starts;
-  for (const auto& [tp, offsets] : wanted) starts.push_back({tp.first, tp.second, *offsets.begin()});
-  reader.assign(starts);
-  std::optional<ChunkAssembler> assembler;
-  if (chunks)
-    assembler.emplace(*chunks, [&](const ConsumedMessage& head) {
-      const auto it = wanted.find({head.topic, head.partition});
-      return it != wanted.end() && it->second.count(head.offset) > 0;
-    });
-  // A partition is done once its wanted offsets are found, or read past with none of them still
-  // being reassembled.
-  auto open_in = [&](const std::pair<std::string, int32_t>& partition) {
-    if (!assembler) return false;
-    for (const auto& head : assembler->open_heads())
-      if (head.topic == partition.first && head.partition == partition.second) return true;
-    return false;
-  };
-  auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
-  size_t remaining = positions.size();
-  std::set<std::pair<std::string, int32_t>> done;
-  while (remaining > 0 && done.size() < wanted.size() && !reader.at_end()) {
-    if (std::chrono::steady_clock::now() > deadline)
-      throw Unavailable("fetching " + std::to_string(remaining) + " logged messages took longer than " +
-                        std::to_string(timeout_ms) + " ms");
-    auto message = reader.poll(200);
-    if (!message) continue;
-    // Read before the message is moved on.
-    const std::pair<std::string, int32_t> partition{message->topic, message->partition};
-    const int64_t offset = message->offset;
-    if (done.count(partition)) continue;
-    std::optional<ConsumedMessage> whole;
-    if (assembler)
-      whole = std::move(assembler->add(std::move(*message)).message);
-    else
-      whole = std::move(*message);
-    auto& offsets = wanted[partition];
-    if (whole && offsets.erase(whole->offset)) {
-      --remaining;
-      out.push_back(std::move(*whole));
-    }
-    if (offsets.empty() || (offset >= *offsets.rbegin() && !open_in(partition))) done.insert(partition);
-  }
-  return out;
-}
-
-void read_to_end(const KafkaOptions& options, const std::vector<std::string>& topics,
-                 const std::function<void(const ConsumedMessage&)>& on_message, int timeout_ms,
-                 const DecodeLimits* chunks, const OnChunkProblem& on_problem) {
-  std::vector<TopicPartitionOffset> starts;
-  {
-    ConsumerOptions consumer_options;
-    consumer_options.kafka = options;
-    Consumer probe(consumer_options);
-    for (const auto& topic : topics) {
-      int n = probe.partition_count(topic, timeout_ms);
-      for (int p = 0; p < n; ++p) starts.push_back({topic, p, RdKafka::Topic::OFFSET_BEGINNING});
-    }
-  }
-  read_partitions_to_end(options, starts, on_message, timeout_ms, chunks, on_problem);
 }
 
 }  // namespace diloco

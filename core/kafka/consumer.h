@@ -83,6 +83,8 @@ class Consumer {
   void rewind_to_committed(int timeout_ms);
   // Group-less reading: assign exactly these partitions at these offsets (-2 = beginning).
   void assign(const std::vector<TopicPartitionOffset>& partitions);
+  // Group-less reading: nothing assigned, nothing fetched (what was fetched is dropped).
+  void unassign();
   std::vector<TopicPartitionOffset> assignment();
   // True once every assigned partition reported its end (the last stable offset for
   // read_committed) since the last assign().
@@ -127,27 +129,5 @@ struct UnstablePartition {
 // transaction. Returns the partitions still unstable at the deadline (empty: all stable).
 std::vector<UnstablePartition> wait_until_stable(const KafkaOptions& options,
                                                  const std::vector<TopicPartitionOffset>& partitions, int timeout_ms);
-
-// Reads every committed message of the given partitions from the given offsets (-2: beginning)
-// up to their end as of the call, without a consumer group. With `chunks` (the run's limits),
-// chunked messages are handed on whole at their first piece (core/kafka/chunk_assembler.h) and
-// what does not reassemble goes to `on_problem`.
-void read_partitions_to_end(const KafkaOptions& options, const std::vector<TopicPartitionOffset>& starts,
-                            const std::function<void(const ConsumedMessage&)>& on_message, int timeout_ms,
-                            const DecodeLimits* chunks = nullptr, const OnChunkProblem& on_problem = {});
-
-// The committed messages at exactly these positions (missing ones, e.g. deleted by retention or
-// never committed, are absent from the result). With `chunks`, a position naming the first piece
-// of a chunked message gives the whole message (read on to its last piece); one that does not
-// reassemble is absent.
-std::vector<ConsumedMessage> fetch_positions(const KafkaOptions& options,
-                                             const std::vector<TopicPartitionOffset>& positions, int timeout_ms,
-                                             const DecodeLimits* chunks = nullptr);
-
-// Reads every committed message of `topics` from the beginning up to the end as of the call,
-// without a consumer group, calling on_message for each. Used by start-up state reads and replay.
-void read_to_end(const KafkaOptions& options, const std::vector<std::string>& topics,
-                 const std::function<void(const ConsumedMessage&)>& on_message, int timeout_ms,
-                 const DecodeLimits* chunks = nullptr, const OnChunkProblem& on_problem = {});
 
 }  // namespace diloco

@@ -3,6 +3,7 @@
 #include <thread>
 
 #include "core/kafka/consumer.h"
+#include "core/kafka/log_reader.h"
 
 namespace diloco {
 

@@ -25,13 +25,11 @@ inline AuditResult audit_run(const KafkaOptions& kafka, const RunConfig& config,
   RunTopics topics{config.run.id};
   std::vector<std::string> delta_topics;
   for (const auto& r : regions) delta_topics.push_back(topics.deltas(r));
-  int partitions = 0;
-  {
-    Consumer probe(ConsumerOptions{.kafka = kafka});
-    partitions = probe.partition_count(topics.merges(), 10000);
-  }
+  auto reader = std::make_shared<LogReader>(kafka);
+  const int partitions = reader->partition_count(topics.merges(), 10000);
   ReplayRun run{.config = config, .setup = build_model(config), .kafka = kafka, .topics = topics,
-                .delta_topics = delta_topics, .partitions = partitions, .timeout_ms = 60000};
+                .delta_topics = delta_topics, .partitions = partitions, .timeout_ms = 60000,
+                .reader = std::move(reader)};
   return AuditResult{audit(run)};
 }
 

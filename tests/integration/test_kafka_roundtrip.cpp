@@ -3,6 +3,7 @@
 // (commit, abort, offsets in the transaction, zombie fencing); the message size limit holds.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <map>
 #include <random>
@@ -11,6 +12,7 @@
 
 #include "core/codec/messages.h"
 #include "core/kafka/consumer.h"
+#include "core/kafka/log_reader.h"
 #include "core/kafka/delta_headers.h"
 #include "core/kafka/producer.h"
 #include "core/kafka/traffic.h"
@@ -312,4 +314,67 @@ TEST_CASE("kafka_traffic counts the bytes of every client's broker sockets, both
   CHECK(kafka_detail::record_statistics(R"({"name": "test#x-1", "tx_bytes": 10, "rx_bytes":20, "brokers":{}})"));
   CHECK(kafka_traffic_by_client().at("test#x-1").received == 20);
   CHECK_FALSE(kafka_detail::record_statistics(R"({"name":"test#x-2","tx":1})"));
+}
+
+TEST_CASE("one LogReader serves reads to the end, ranges and positions through one consumer, each exactly its own",
+          "[kafka][logreader]") {
+  KafkaOptions kafka = testing::require_broker();
+  std::string run = testing::unique_run_id("reader");
+  RunTopics topics = testing::create_run(kafka, run, {"r0"}, 2);
+  const std::string topic = topics.deltas("r0");
+  // Partition p holds values "p:0" .. "p:n-1" at offsets 0 .. n-1.
+  const std::map<int32_t, int> counts{{0, 40}, {1, 25}};
+  Producer producer({.kafka = kafka}, nullptr);
+  uint64_t seq = 0;
+  for (const auto& [p, n] : counts)
+    for (int i = 0; i < n; ++i) {
+      const std::string text = std::to_string(p) + ":" + std::to_string(i);
+      const std::vector<uint8_t> bytes(text.begin(), text.end());
+      producer.produce({.topic = topic, .partition = p, .key = "k", .value = bytes}, ++seq, 10000);
+    }
+  REQUIRE(producer.flush(30000) == 0);
+  auto text_of = [](const ConsumedMessage& m) { return std::string(m.value.begin(), m.value.end()); };
+  auto expected = [](int32_t p, int from, int to) {
+    std::vector<std::string> out;
+    for (int i = from; i < to; ++i) out.push_back(std::to_string(p) + ":" + std::to_string(i));
+    return out;
+  };
+
+  LogReader reader(kafka);
+  std::vector<std::string> got;
+  auto collect = [&](const ConsumedMessage& m) { got.push_back(text_of(m)); };
+
+  reader.read_to_end({{topic, 0, -2}}, collect, 60000);
+  CHECK(got == expected(0, 0, 40));
+
+  // A read of the other partition sees nothing of the first one's.
+  got.clear();
+  reader.read_to_end({{topic, 1, 10}}, collect, 60000);
+  CHECK(got == expected(1, 10, 25));
+
+  got.clear();
+  reader.read_ranges({{topic, 0, 5, 9}, {topic, 1, 0, 2}}, collect, 60000);
+  std::sort(got.begin(), got.end());
+  CHECK(got == std::vector<std::string>{"0:5", "0:6", "0:7", "0:8", "1:0", "1:1"});
+
+  const auto fetched = reader.fetch({{topic, 0, 3}, {topic, 0, 39}, {topic, 1, 24}, {topic, 1, 99}}, 60000);
+  std::vector<std::string> texts;
+  for (const auto& m : fetched) texts.push_back(text_of(m));
+  std::sort(texts.begin(), texts.end());
+  CHECK(texts == std::vector<std::string>{"0:3", "0:39", "1:24"});  // offset 99 does not exist
+
+  // A read abandoned by an exception leaves nothing behind for the next one.
+  int seen = 0;
+  CHECK_THROWS_AS(reader.read_to_end({{topic, 0, -2}, {topic, 1, -2}},
+                                     [&](const ConsumedMessage&) {
+                                       if (++seen == 3) throw InvalidInput("stop here");
+                                     },
+                                     60000),
+                  InvalidInput);
+  got.clear();
+  reader.read_to_end({{topic, 1, 20}}, collect, 60000);
+  CHECK(got == expected(1, 20, 25));
+
+  CHECK(reader.reads() == 6);
+  CHECK(reader.partition_count(topic, 10000) == 2);
 }

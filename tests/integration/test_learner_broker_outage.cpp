@@ -6,6 +6,7 @@
 #include <cstdlib>
 
 #include "core/kafka/consumer.h"
+#include "core/kafka/log_reader.h"
 #include "tests/integration/child_process.h"
 #include "tests/integration/run_fixture.h"
 

@@ -8,6 +8,7 @@
 #include "core/codec/chunk.h"
 #include "core/fragments/message_budget.h"
 #include "core/kafka/consumer.h"
+#include "core/kafka/log_reader.h"
 #include "core/kafka/producer.h"
 #include "merger/recovery.h"
 #include "tests/integration/child_process.h"

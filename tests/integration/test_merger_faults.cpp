@@ -16,6 +16,7 @@
 #include "core/fragments/message_budget.h"
 
 #include "core/kafka/consumer.h"
+#include "core/kafka/log_reader.h"
 #include "core/kafka/producer.h"
 #include "merger/recovery.h"
 #include "tests/integration/child_process.h"
@@ -412,4 +413,36 @@ TEST_CASE("chunked deltas: whole ones merge, a lost, a duplicated and a tampered
   CHECK(listed[offset_of(b1_head)] == "chunk_missing");
   CHECK(listed[offset_of(c_duplicate)] == "chunk_duplicate");
   CHECK(listed[offset_of(d_head)] == "chunk_mismatch");
+}
+
+TEST_CASE("recovery replays a long merge log through one reader, fetching the deltas a window at a time",
+          "[merger][recovery][logreader]") {
+  // No checkpoint after version 0: a new owner replays every record.
+  FaultRun r("windowed", {"merger.quorum=1", "merger.checkpoint_every=100000"});
+  auto merger = r.merger("M0");
+  r.wait_genesis("M0");
+  INFO(merger->log());
+  constexpr uint64_t kMerges = 24;
+  for (uint64_t v = 1; v <= kMerges; ++v) {
+    r.send({{0, r.delta("a", 0, v, v - 1)}});
+    REQUIRE(testing::eventually([&] { return r.merges_of(0).size() == v; }, 60s));
+  }
+  merger->signal(SIGKILL);
+  merger->wait_exit(30s);
+
+  auto reader = std::make_shared<LogReader>(r.kafka);
+  LogContext ctx{.kafka = r.kafka, .topics = r.topics, .config = &r.config, .layout = &r.setup.layout,
+                 .genesis = genesis_of(r.config, r.setup),
+                 .limits = DecodeLimits{.run_id = r.run, .fingerprint = r.setup.layout.fingerprint, .layout = &r.setup.layout},
+                 .reader = reader};
+  const auto recovered = recover_partition(ctx, 0, std::vector<uint32_t>{0, 2});
+  const auto& f = recovered.at(0);
+  size_t replayed = 0;
+  for (const auto& record : f.replayed) replayed += is_merge(record);
+  CHECK(replayed == kMerges);
+  CHECK(f.state.version == kMerges);
+  CHECK(f.state.checksum == r.merges_of(0).back().checksum);
+  // `state`, `merges`, then the 24 deltas in two windows (the first window holds 16), all through
+  // the one consumer: not one read per record.
+  CHECK(reader->reads() == 4);
 }

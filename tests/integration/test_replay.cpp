@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "core/kafka/consumer.h"
+#include "core/kafka/log_reader.h"
 #include "core/kafka/producer.h"
 #include "tests/integration/child_process.h"
 #include "tests/integration/run_fixture.h"

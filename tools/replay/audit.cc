@@ -23,10 +23,10 @@ RunAudit audit(const ReplayRun& run) {
   // Chunked deltas count once, at their first piece; pieces that do not make a whole message are
   // positions the merger must have rejected.
   read_to_end(
-      run.kafka, run.delta_topics, [&](const ConsumedMessage& m) { a.deltas.insert({m.topic, m.partition, m.offset}); },
+      *run.reader, run.delta_topics, [&](const ConsumedMessage& m) { a.deltas.insert({m.topic, m.partition, m.offset}); },
       run.timeout_ms, &limits,
       [&](const ChunkProblem& p) { a.deltas.insert({p.position.topic, p.position.partition, p.position.offset}); });
-  read_to_end(run.kafka, {run.topics.rejected()}, [&](const ConsumedMessage& m) {
+  read_to_end(*run.reader, {run.topics.rejected()}, [&](const ConsumedMessage& m) {
     try {
       a.rejected.insert(position_key(decode_rejected(m.value, limits).source));
     } catch (const InvalidInput& e) {
@@ -41,7 +41,7 @@ RunAudit audit(const ReplayRun& run) {
     a.problems.push_back(u.topic + "[" + std::to_string(u.partition) + "] has a transaction open at " +
                          std::to_string(u.stable) + " (end " + std::to_string(u.high) + ")");
   read_to_end(
-      run.kafka, {run.topics.merges()},
+      *run.reader, {run.topics.merges()},
       [&](const ConsumedMessage& m) {
         MergeRecord r;
         try {

@@ -278,8 +278,8 @@ void list_deltas(const ReplayRun& run, const ListOptions& o, std::ostream& out) 
     }
   };
   ChunkAssembler chunks(run.limits());
-  read_ranges(
-      run.kafka, ranges,
+  run.reader->read_ranges(
+      ranges,
       [&](const ConsumedMessage& piece) {
         auto result = chunks.add(piece);
         problem_rows(result.problems);

@@ -88,7 +88,7 @@ void remerge_as_recorded(const ReplayRun& run, const RemergeOptions& o, const Fr
   const auto layout = run.setup.layout.fragments.at(f.start.fragment);
   OriginalCursor original(f.start);
   FragmentState next;
-  for_each_with_deltas(run, f.merges, input_positions, [&](const LoggedMerge& merge, const DeltaMessages& deltas) {
+  for_each_with_deltas(ctx, f.merges, input_positions, [&](const LoggedMerge& merge, const DeltaMessages& deltas) {
     if (!original.continued_by(merge)) return true;
     original.advance(merge);
     if (!is_merge(merge.record)) return true;
@@ -135,7 +135,7 @@ void remerge_regrouped(const ReplayRun& run, const RemergeOptions& o, const Frag
   };
   FragmentState next;
   double now = 0;
-  for_each_with_deltas(run, f.merges, accounted_positions, [&](const LoggedMerge& merge, const DeltaMessages& deltas) {
+  for_each_with_deltas(ctx, f.merges, accounted_positions, [&](const LoggedMerge& merge, const DeltaMessages& deltas) {
     if (!original.continued_by(merge)) return true;
     std::vector<std::pair<LogPosition, Delta>> arrivals;
     for (const auto& ref : accounted_refs(merge.record))

@@ -50,6 +50,7 @@ struct ReplayRun {
   int partitions = 1;                     // NP of every topic but members and rejected
   int timeout_ms = 120000;
   std::shared_ptr<WorkPool> pool;  // shares the arithmetic of every merge rebuilt (same bits)
+  std::shared_ptr<LogReader> reader;  // every read of the logs, through one consumer (required)
 
   DecodeLimits limits() const;
   LogContext context() const;  // views this run: keep the run alive while it is used

@@ -11,8 +11,6 @@ namespace diloco {
 
 namespace {
 
-constexpr size_t kWindowDeltas = 256;  // deltas fetched per read when replaying records
-
 std::string join(const std::vector<std::string>& items) {
   std::string out;
   for (const auto& item : items) out += (out.empty() ? "" : ", ") + item;
@@ -64,7 +62,7 @@ DecodeLimits ReplayRun::limits() const {
 LogContext ReplayRun::context() const {
   return LogContext{.kafka = kafka, .topics = topics, .config = &config, .layout = &setup.layout,
                     .genesis = genesis_of(config, setup), .limits = limits(),
-                    .timeout_ms = timeout_ms, .pool = pool.get()};
+                    .timeout_ms = timeout_ms, .pool = pool.get(), .reader = reader};
 }
 
 int32_t ReplayRun::partition_of(uint32_t fragment) const {
@@ -85,7 +83,8 @@ ReplayRun open_run(const ReplayOptions& options) {
   ModelSetup setup = build_model(config);
   RunTopics topics{config.run.id};
   wait_for_broker(options.kafka);
-  auto existing = topic_partitions(options.kafka, options.timeout_ms);
+  auto reader = std::make_shared<LogReader>(options.kafka);
+  auto existing = topic_partitions(*reader, options.timeout_ms);
   auto partitions_of = [&](const std::string& topic) {
     auto it = existing.find(topic);
     if (it == existing.end())
@@ -105,49 +104,20 @@ ReplayRun open_run(const ReplayOptions& options) {
   return ReplayRun{.config = std::move(config), .setup = std::move(setup), .kafka = options.kafka,
                    .topics = std::move(topics), .delta_topics = std::move(delta_topics),
                    .partitions = partitions, .timeout_ms = options.timeout_ms,
-                   .pool = std::make_shared<WorkPool>(options.threads)};
+                   .pool = std::make_shared<WorkPool>(options.threads), .reader = std::move(reader)};
 }
 
 Position position_key(const LogPosition& p) { return {p.topic, p.partition, p.offset}; }
 
 // ---- Kafka reads ----------------------------------------------------------------------------
 
-std::map<std::string, int> topic_partitions(const KafkaOptions& kafka, int timeout_ms) {
-  Consumer probe(ConsumerOptions{.kafka = kafka});
-  auto topics = probe.list_topics(timeout_ms);
+std::map<std::string, int> topic_partitions(LogReader& reader, int timeout_ms) {
+  auto topics = reader.list_topics(timeout_ms);
   return {topics.begin(), topics.end()};
 }
 
-void read_ranges(const KafkaOptions& kafka, const std::vector<OffsetRange>& ranges,
-                 const std::function<void(const ConsumedMessage&)>& on_message, int timeout_ms) {
-  std::vector<TopicPartitionOffset> starts;
-  std::map<std::pair<std::string, int32_t>, int64_t> ends;  // unfinished partitions
-  for (const auto& r : ranges)
-    if (r.begin < r.end) {
-      starts.push_back({r.topic, r.partition, r.begin});
-      ends[{r.topic, r.partition}] = r.end;
-    }
-  if (starts.empty()) return;
-  ConsumerOptions reader_options{.kafka = kafka};
-  reader_options.kafka.extra.emplace_back("fetch.wait.max.ms", "10");  // a short log ends fast
-  Consumer reader(reader_options);
-  reader.assign(starts);
-  auto stalled_at = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
-  while (!ends.empty() && !reader.at_end()) {
-    if (std::chrono::steady_clock::now() > stalled_at)
-      throw Unavailable("no message from " + ends.begin()->first.first + " for " + std::to_string(timeout_ms) + " ms");
-    auto message = reader.poll(200);
-    if (!message) continue;
-    stalled_at = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
-    auto it = ends.find({message->topic, message->partition});
-    if (it == ends.end()) continue;
-    if (message->offset < it->second) on_message(*message);
-    if (message->offset + 1 >= it->second) ends.erase(it);
-  }
-}
-
 ConsumedMessage fetch_one(const ReplayRun& run, const LogPosition& position) {
-  auto existing = topic_partitions(run.kafka, run.timeout_ms);
+  auto existing = topic_partitions(*run.reader, run.timeout_ms);
   auto topic = existing.find(position.topic);
   if (topic == existing.end())
     throw InvalidInput("no topic " + position.topic + " (the run's delta topics: " + join(run.delta_topics) + ")");
@@ -155,10 +125,9 @@ ConsumedMessage fetch_one(const ReplayRun& run, const LogPosition& position) {
     throw InvalidInput(position.topic + " has partitions 0.." + std::to_string(topic->second - 1) + ", not " +
                        std::to_string(position.partition));
   const DecodeLimits limits = run.limits();
-  auto found = fetch_positions(run.kafka, {{position.topic, position.partition, position.offset}}, run.timeout_ms, &limits);
+  auto found = run.reader->fetch({{position.topic, position.partition, position.offset}}, run.timeout_ms, &limits);
   if (!found.empty()) return std::move(found.front());
-  Consumer probe(ConsumerOptions{.kafka = run.kafka});
-  auto [low, high] = probe.watermarks(position.topic, position.partition, run.timeout_ms);
+  auto [low, high] = run.reader->watermarks(position.topic, position.partition, run.timeout_ms);
   throw InvalidInput("no committed message at " + describe(position) + " (the partition holds offsets " +
                      std::to_string(low) + ".." + std::to_string(high - 1) + ")");
 }
@@ -170,8 +139,8 @@ std::map<uint32_t, FragmentLog> read_fragment_logs(const ReplayRun& run, int32_t
   const LogContext ctx = run.context();
   std::map<uint32_t, FragmentLog> out;
   for (uint32_t p : run.fragments_of(partition)) out[p];
-  read_partitions_to_end(
-      run.kafka, {{run.topics.state(), partition, -2}},
+  run.reader->read_to_end(
+      {{run.topics.state(), partition, -2}},
       [&](const ConsumedMessage& m) {
         if (m.tombstone) return;
         LogPosition position{m.topic, m.partition, m.offset};
@@ -214,37 +183,13 @@ std::map<uint32_t, FragmentLog> read_fragment_logs(const ReplayRun& run, int32_t
   return out;
 }
 
-std::vector<LogPosition> input_positions(const MergeRecord& record) {
-  std::vector<LogPosition> out;
-  for (const auto& in : record.inputs) out.push_back(in.position);
-  return out;
-}
-
-void for_each_with_deltas(const ReplayRun& run, std::span<const LoggedMerge> merges, const NamedDeltas& named,
-                          const std::function<bool(const LoggedMerge&, const DeltaMessages&)>& visit) {
-  for (size_t begin = 0; begin < merges.size();) {
-    std::vector<TopicPartitionOffset> wanted;
-    size_t end = begin;
-    while (end < merges.size() && (end == begin || wanted.size() < kWindowDeltas)) {
-      for (const auto& p : named(merges[end].record)) wanted.push_back({p.topic, p.partition, p.offset});
-      ++end;
-    }
-    const DecodeLimits limits = run.limits();
-    const auto messages = fetch_positions(run.kafka, wanted, run.timeout_ms, &limits);
-    const DeltaMessages index = index_by_position(messages);
-    for (size_t i = begin; i < end; ++i)
-      if (!visit(merges[i], index)) return;
-    begin = end;
-  }
-}
-
 void replay_records(const ReplayRun& run, FragmentState& state, std::span<const LoggedMerge> merges,
                     uint64_t until, const std::function<void(const FragmentState&, const LoggedMerge&)>& applied) {
   // Records past `until` need no deltas fetched.
   size_t needed = 0;
   while (needed < merges.size() && merges[needed].record.version <= until) ++needed;
   const LogContext ctx = run.context();
-  for_each_with_deltas(run, merges.first(needed), input_positions,
+  for_each_with_deltas(ctx, merges.first(needed), input_positions,
                        [&](const LoggedMerge& merge, const DeltaMessages& deltas) {
                          if (is_merge(merge.record) && state.version >= until) return false;
                          if (!continues_state(state, merge)) return true;
@@ -334,8 +279,8 @@ std::map<Position, DeltaFate> delta_fates(const ReplayRun& run, const std::vecto
                                           const OnRejected& rejected) {
   const LogContext ctx = run.context();
   std::map<Position, DeltaFate> out;
-  read_partitions_to_end(
-      run.kafka, {{ctx.topics.rejected(), 0, -2}},
+  run.reader->read_to_end(
+      {{ctx.topics.rejected(), 0, -2}},
       [&](const ConsumedMessage& m) {
         try {
           RejectedInput r = decode_rejected(m.value, ctx.limits);

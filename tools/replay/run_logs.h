@@ -1,6 +1,7 @@
 // Internal to diloco-replay: reading an opened run's logs. Offset ranges of the delta topics,
 // single messages, and per fragment its checkpoints and merge records, replayed through
-// merger/recovery.h with the named deltas fetched a window of records at a time.
+// merger/recovery.h with the named deltas fetched a window at a time (for_each_with_deltas), all
+// through the run's one LogReader.
 #pragma once
 
 #include <cstdint>
@@ -20,20 +21,7 @@ namespace diloco {
 
 // Name -> partition count of every topic the cluster has (one metadata request; never creates a
 // topic). Throws Unavailable when the broker does not answer.
-std::map<std::string, int> topic_partitions(const KafkaOptions& kafka, int timeout_ms);
-
-// Offsets [begin, end) of one partition.
-struct OffsetRange {
-  std::string topic;
-  int32_t partition = 0;
-  int64_t begin = 0;
-  int64_t end = 0;
-};
-
-// Reads the committed messages of each range in offset order per partition. Throws Unavailable
-// when no message arrives for timeout_ms while some range is unfinished.
-void read_ranges(const KafkaOptions& kafka, const std::vector<OffsetRange>& ranges,
-                 const std::function<void(const ConsumedMessage&)>& on_message, int timeout_ms);
+std::map<std::string, int> topic_partitions(LogReader& reader, int timeout_ms);
 
 // The committed message at a position; InvalidInput naming the partition's offsets when absent.
 ConsumedMessage fetch_one(const ReplayRun& run, const LogPosition& position);
@@ -67,15 +55,6 @@ struct StartAt {
 // are passed to `rejected` and skipped.
 std::map<uint32_t, FragmentLog> read_fragment_logs(const ReplayRun& run, int32_t partition, StartAt start,
                                                    const OnRejected& rejected);
-
-// Which deltas of a record to fetch before visiting it.
-using NamedDeltas = std::function<std::vector<LogPosition>(const MergeRecord&)>;
-std::vector<LogPosition> input_positions(const MergeRecord& record);
-
-// Visits records in order with the deltas `named` picks already fetched, one Kafka read per
-// window of records instead of one per record. `visit` returns false to stop.
-void for_each_with_deltas(const ReplayRun& run, std::span<const LoggedMerge> merges, const NamedDeltas& named,
-                          const std::function<bool(const LoggedMerge&, const DeltaMessages&)>& visit);
 
 // Applies the records that continue `state` (apply_logged_merge: checksums checked) until it
 // reaches version `until`, calling `applied` after each. Throws InvalidInput at the first record
