@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -64,6 +65,9 @@ class LogReader {
   class Assignment;
   Consumer consumer_;
   uint64_t reads_ = 0;
+  // Topics whose metadata this consumer holds: a topic first assigned without it waits for
+  // librdkafka's next metadata refresh (about 1 s) before its first fetch.
+  std::set<std::string> known_topics_;
 };
 
 // One-shot reads for a process that reads a log once (start-up reads of `members`, a test):
