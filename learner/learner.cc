@@ -7,6 +7,7 @@
 #include <iostream>
 #include <map>
 #include <optional>
+#include <set>
 #include <thread>
 
 #include <nlohmann/json.hpp>
@@ -296,20 +297,30 @@ ResumePoint Learner::read_resume_point() {
 void Learner::wait_for_versions(const std::map<uint32_t, uint64_t>& versions, uint64_t step) {
   const auto t0 = Clock::now();
   const double timeout = o_.resume_wait_s;
+  std::set<uint32_t> silent;  // fragments whose mergers went silent: not waited for
   auto behind = [&] {
     for (const auto& [p, v] : versions)
-      if (p < fragments_.size() && fragments_[p].version() < v) return true;
+      if (p < fragments_.size() && fragments_[p].version() < v && !silent.count(p)) return true;
     return false;
   };
   while (behind() && !stop_ && seconds_since(t0) < timeout) {
     adopt_received(step, 0);
     heartbeat(step, 0);
+    for (const auto& [p, v] : versions)
+      if (p < fragments_.size() && fragments_[p].version() < v && !silent.count(p) && inbox_ &&
+          inbox_->owner_silent(p, o_.resume_silent_intervals)) {
+        silent.insert(p);
+        std::cerr << "learner " << o_.learner_id << ": fragment " << p << ": no merger announced it for "
+                  << o_.resume_silent_intervals << " of its announce intervals; not waiting for version " << v
+                  << " (training on version " << fragments_[p].version() << ")\n";
+      }
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
   if (behind())
     std::cerr << "learner " << o_.learner_id << ": the announced versions did not arrive within " << timeout
               << " s; training on what it holds\n";
-  log({{"event", "resume_versions"}, {"seconds", seconds_since(t0)}, {"complete", !behind()}});
+  log({{"event", "resume_versions"}, {"seconds", seconds_since(t0)}, {"complete", !behind() && silent.empty()},
+       {"silent_fragments", silent.size()}});
 }
 
 void Learner::heartbeat(uint64_t step, float loss) {

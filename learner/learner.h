@@ -48,6 +48,10 @@ struct LearnerOptions {
   // covers two merger heartbeats, a request for a missed version and slack).
   int members_read_ms = 10000;
   double resume_wait_s = 6;
+  // A fragment whose mergers have been silent for this many of their announce intervals (killed,
+  // and their announcements still within the liveness window) is not waited for: nobody can send
+  // it. The inbox keeps asking, and the version is adopted when a merger serves it.
+  double resume_silent_intervals = 2;
   std::chrono::milliseconds shutdown_flush{10000};
 };
 

@@ -41,6 +41,13 @@ std::vector<RoundOpen> ParamInbox::take_round_opens() {
   return out;
 }
 
+bool ParamInbox::owner_silent(uint32_t fragment, double missed) const {
+  std::lock_guard lock(mutex_);
+  auto it = owner_heard_.find(fragment);
+  if (!members_caught_up_ || it == owner_heard_.end() || it->second.interval_s <= 0) return false;
+  return static_cast<double>(members_newest_ms_ - it->second.stamp_ms) > missed * 1000.0 * it->second.interval_s;
+}
+
 std::vector<std::string> ParamInbox::endpoints() const {
   std::lock_guard lock(mutex_);
   return endpoints_;
@@ -67,6 +74,9 @@ void ParamInbox::run() {
       ConsumerOptions consumer_options{.kafka = options_.kafka};
       consumer_options.kafka.client_id = options_.kafka.client_id + "-members";
       members = std::make_unique<Consumer>(consumer_options);
+      // With the topic's metadata in hand the first fetch starts at once; assigned without it,
+      // the consumer waits for its next metadata refresh (about 1 s of every learner start).
+      members->partition_count(options_.topics.members(), options_.members_metadata_ms);
       members->assign({{options_.topics.members(), 0, -2 /* beginning */}});
     } catch (const Error& e) {
       std::cerr << "learner: cannot follow " << options_.topics.members() << " yet: " << e.what() << "\n";
@@ -79,6 +89,9 @@ void ParamInbox::run() {
   // fragment: a gap that lasts is asked for again.
   using Clock = std::chrono::steady_clock;
   std::map<uint32_t, uint64_t> announced;
+  // Until the first read of `members` reaches its end, what it announces was published before
+  // this subscriber connected and will not arrive by itself: a gap found then is asked for at once.
+  bool members_caught_up = false;
   std::map<uint32_t, Clock::time_point> behind_since;
   SnapshotAsks asks(std::chrono::duration<double>(options_.request_interval_s),
                     std::chrono::duration<double>(options_.request_interval_max_s));
@@ -119,7 +132,8 @@ void ParamInbox::run() {
         continue;
       }
       auto since = behind_since.try_emplace(p, now).first->second;
-      if (now - since >= std::chrono::duration<double>(options_.request_delay_s)) wanted.insert(p);
+      if (!members_caught_up || now - since >= std::chrono::duration<double>(options_.request_delay_s))
+        wanted.insert(p);
     }
     for (auto it = wanted.begin(); it != wanted.end();) {
       if (!asks.due(*it, now)) {
@@ -140,6 +154,10 @@ void ParamInbox::run() {
         for (int i = 0; i < 16; ++i) {
           auto message = members->poll(0);
           if (!message) break;
+          {
+            std::lock_guard lock(mutex_);
+            members_newest_ms_ = std::max(members_newest_ms_, message->timestamp_ms);
+          }
           if (message->tombstone) continue;
           try {
             Member m = decode_member(message->value, options_.limits);
@@ -147,6 +165,11 @@ void ParamInbox::run() {
             if (m.role == Role::Merger)
               for (size_t i = 0; i < m.owned_fragments.size(); ++i) {
                 if (options_.limits.layout && m.owned_fragments[i] >= options_.limits.layout->num_fragments()) continue;
+                {
+                  std::lock_guard lock(mutex_);
+                  auto& heard = owner_heard_[m.owned_fragments[i]];
+                  if (message->timestamp_ms >= heard.stamp_ms) heard = {message->timestamp_ms, m.announce_interval_s};
+                }
                 auto& v = announced[m.owned_fragments[i]];
                 v = std::max(v, m.fragment_versions[i]);
                 if (i < m.fragment_checksums.size())
@@ -155,6 +178,11 @@ void ParamInbox::run() {
           } catch (const Rejection& e) {
             metrics_.add("members_rejected_total", 1);
           }
+        }
+        if (!members_caught_up && members->at_end()) {
+          members_caught_up = true;
+          std::lock_guard lock(mutex_);
+          members_caught_up_ = true;
         }
       } catch (const Error& e) {
         std::cerr << "learner: members topic: " << e.what() << "\n";

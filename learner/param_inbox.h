@@ -40,6 +40,9 @@ struct ParamInboxOptions {
   double request_delay_s = 0.5;
   double request_interval_s = 1.0;
   double request_interval_max_s = 16.0;
+  // A gap found while the first read of `members` catches up (announced before this inbox
+  // subscribed) is asked for at once, not after request_delay_s.
+  int members_metadata_ms = 5000;  // the wait for the members topic's metadata when opening it
   // The versions the learner starts from (read from the `state` topic, so bit for bit the
   // mergers'): updates on them apply at once, and no snapshot is asked for while the mergers
   // announce nothing newer.
@@ -67,6 +70,12 @@ class ParamInbox {
   uint64_t snapshot_bytes() const { return snapshot_bytes_; }
   uint64_t update_bytes() const { return update_bytes_; }
   std::vector<std::string> endpoints() const;
+  // Whether the mergers that announced `fragment` have gone silent: the newest record read from
+  // `members` is more than `missed` announce intervals newer than the last announcement naming
+  // the fragment (a merger killed before its liveness ran out, or one blocked that long). Broker
+  // timestamps only. False until the first read of `members` reached its end, for a fragment no
+  // merger announced, and for announcements that give no interval (older binaries).
+  bool owner_silent(uint32_t fragment, double missed) const;
 
  private:
   void run();
@@ -77,6 +86,13 @@ class ParamInbox {
   std::map<uint32_t, std::shared_ptr<const FragmentParams>> latest_;
   std::map<uint32_t, RoundOpen> round_opens_;
   std::vector<std::string> endpoints_;
+  struct Heard {
+    int64_t stamp_ms = 0;
+    float interval_s = 0;
+  };
+  std::map<uint32_t, Heard> owner_heard_;  // per fragment, its newest announcement by a merger
+  int64_t members_newest_ms_ = 0;          // the newest record read from `members`
+  bool members_caught_up_ = false;
   std::atomic<uint64_t> received_{0};
   std::atomic<uint64_t> rejected_{0};
   std::atomic<uint64_t> bytes_received_{0};

@@ -133,6 +133,7 @@ class MergerProcess : public RebalanceListener {
   // Every recovery's reads of the logs, through one consumer made at the first recovery.
   mutable std::shared_ptr<LogReader> log_reader_;
   int recoveries_ = 0;  // recoveries attempted
+  int rewinds_ = 0;     // rewinds attempted
   // The layout only: version 0 of a fragment no checkpoint holds is generated from the seed
   // when a recovery needs it (genesis_from_seed), so no seeded model of every fragment (4 bytes
   // per parameter) is ever held.
@@ -320,6 +321,8 @@ bool MergerProcess::ensure_recovered() {
       recover(assigned_);
       if (rewind_needed_) {
         consumer_->rewind_to_committed(t_.committed_offsets_ms);
+        if (++rewinds_ == faults_.fail_rewind)
+          throw Unavailable("fault injection: rewind " + std::to_string(rewinds_) + " fails after its seeks");
         forget_consumed();
         rewind_needed_ = false;
         rewound = true;
@@ -666,7 +669,7 @@ void MergerProcess::follow_members() {
 
 void MergerProcess::announce(bool leaving) {
   Member m{.run_id = o_.config.run.id, .instance_id = o_.instance_id, .role = Role::Merger, .endpoint = advertised_,
-           .epoch = epoch_, .time_us = unix_us()};
+           .epoch = epoch_, .time_us = unix_us(), .announce_interval_s = static_cast<float>(o_.announce_interval_s)};
   if (!leaving)
     for (const auto& [p, f] : owned_) {
       m.owned_fragments.push_back(p);
@@ -880,10 +883,12 @@ MergerFaults MergerFaults::from_environment() {
                          "\"; unset it outside fault tests");
     return n;
   };
-  MergerFaults f{.fail_commit = read("DILOCO_FAULT_FAIL_COMMIT"), .fail_recovery = read("DILOCO_FAULT_FAIL_RECOVERY")};
-  if (f.fail_commit || f.fail_recovery)
+  MergerFaults f{.fail_commit = read("DILOCO_FAULT_FAIL_COMMIT"), .fail_recovery = read("DILOCO_FAULT_FAIL_RECOVERY"),
+                 .fail_rewind = read("DILOCO_FAULT_FAIL_REWIND")};
+  if (f.fail_commit || f.fail_recovery || f.fail_rewind)
     std::cerr << "diloco-merger: fault injection on (DILOCO_FAULT_FAIL_COMMIT=" << f.fail_commit
-              << ", DILOCO_FAULT_FAIL_RECOVERY=" << f.fail_recovery << "): for tests only\n";
+              << ", DILOCO_FAULT_FAIL_RECOVERY=" << f.fail_recovery << ", DILOCO_FAULT_FAIL_REWIND=" << f.fail_rewind
+              << "): for tests only\n";
   return f;
 }
 

@@ -73,10 +73,13 @@ struct MergerOptions {
 
 // Fault injection for tests, from the environment (0: off): DILOCO_FAULT_FAIL_COMMIT=N makes the
 // Nth merge commit of the process fail after its records are produced (the transaction is
-// aborted), DILOCO_FAULT_FAIL_RECOVERY=N makes the Nth recovery fail as if the broker were away.
+// aborted), DILOCO_FAULT_FAIL_RECOVERY=N makes the Nth recovery fail as if the broker were away,
+// DILOCO_FAULT_FAIL_REWIND=N makes the Nth rewind to the committed offsets fail after it moved
+// the consumer (the loop rebuilds and rewinds again).
 struct MergerFaults {
   int fail_commit = 0;
   int fail_recovery = 0;
+  int fail_rewind = 0;  // the Nth rewind fails after its seeks (the consumer has moved)
   static MergerFaults from_environment();
 };
 

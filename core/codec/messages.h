@@ -281,6 +281,7 @@ struct Member {
   uint64_t tokens = 0;
   uint64_t bytes_sent = 0;      // learners: delta bytes delivered (uplink)
   uint64_t bytes_received = 0;  // learners: parameter bytes received from mergers (downlink)
+  float announce_interval_s = 0;  // mergers: seconds between announcements (0: not given)
 };
 
 std::vector<uint8_t> encode_member(const Member& msg);

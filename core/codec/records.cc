@@ -229,7 +229,8 @@ std::vector<uint8_t> encode_member(const Member& msg) {
   const auto root = wire::CreateMember(
       fbb, kSchemaVersion, run_id, instance_id, static_cast<wire::Role>(msg.role), region,
       endpoint, msg.epoch, owned, versions, msg.time_us, msg.step, msg.step_time_s,
-      msg.tokens_per_s, msg.loss, msg.tokens, msg.bytes_sent, msg.bytes_received, checksums);
+      msg.tokens_per_s, msg.loss, msg.tokens, msg.bytes_sent, msg.bytes_received, checksums,
+      msg.announce_interval_s);
   wire::FinishMemberBuffer(fbb, root);
   return compress_finished(fbb, 1);
 }
@@ -262,6 +263,9 @@ Member decode_member(std::span<const uint8_t> bytes, const DecodeLimits& limits)
   out.tokens = m.tokens();
   out.bytes_sent = m.bytes_sent();
   out.bytes_received = m.bytes_received();
+  out.announce_interval_s = m.announce_interval_s();
+  if (!std::isfinite(out.announce_interval_s) || out.announce_interval_s < 0)
+    reject(RejectReason::BadFlatbuffer, detail::concat("announce interval ", out.announce_interval_s, " s"));
   return out;
 }
 

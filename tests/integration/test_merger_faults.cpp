@@ -446,3 +446,20 @@ TEST_CASE("recovery replays a long merge log through one reader, fetching the de
   // the one consumer: not one read per record.
   CHECK(reader->reads() == 4);
 }
+
+TEST_CASE("a rewind that fails after a failed merge is retried: no delta lost, none merged twice", "[merger][faults]") {
+  FaultRun r("fail-rewind", {"merger.quorum=1"});
+  // The first merge commit fails, and so does the rewind that follows it (after its seeks).
+  auto merger = r.merger("M0", {{"DILOCO_FAULT_FAIL_COMMIT", "1"}, {"DILOCO_FAULT_FAIL_REWIND", "1"}});
+  r.wait_genesis("M0");
+  INFO(merger->log());
+  r.send({{0, r.delta("a", 0, 1, 0)}, {1, r.delta("b", 1, 1, 0)}});
+  REQUIRE(testing::eventually([&] { return r.merges_of(0).size() == 1 && r.merges_of(1).size() == 1; }, 60s));
+  CHECK(r.count("M0", "merge_failed") == 1);
+  CHECK(r.count("M0", "recovery_failed") == 1);
+  CHECK(r.count("M0", "rewound") == 1);
+  r.send({{0, r.delta("a", 0, 2, 1)}, {1, r.delta("b", 1, 2, 1)}});
+  REQUIRE(testing::eventually([&] { return r.merges_of(0).size() == 2 && r.merges_of(1).size() == 2; }, 60s));
+  CHECK(merger->running());
+  r.stop_and_audit(*merger);
+}

@@ -66,6 +66,19 @@ std::vector<uint8_t> update_message(const Version& v) {
   return encode_fragment_update(header, v.change, {.dtype = DType::INT4, .block_size = 32});
 }
 
+// A test merger's announcement of fragment 0 at `version`.
+Member merger_member(const std::string& run, const std::string& endpoint, uint64_t version) {
+  return Member{.run_id = run, .instance_id = "test-merger", .role = Role::Merger, .endpoint = endpoint,
+                .owned_fragments = {0}, .fragment_versions = {version}};
+}
+
+// Writes `m` to the run's `members` topic and waits until it is there.
+void produce_member(Producer& producer, const RunTopics& topics, const Member& m) {
+  producer.produce({.topic = topics.members(), .partition = 0, .key = m.instance_id, .value = encode_member(m)}, 0,
+                   10000);
+  REQUIRE(producer.flush(20000) == 0);
+}
+
 }  // namespace
 
 TEST_CASE("the inbox applies updates bit for bit and asks for a snapshot when it cannot", "[learner][inbox]") {
@@ -77,12 +90,9 @@ TEST_CASE("the inbox applies updates bit for bit and asks for a snapshot when it
   ParamsPublisher publisher(context, "tcp://127.0.0.1:*");
   Producer producer({.kafka = kafka}, nullptr);
   auto announce = [&](uint64_t version, std::optional<uint64_t> checksum = std::nullopt) {
-    Member m{.run_id = run, .instance_id = "test-merger", .role = Role::Merger, .endpoint = publisher.bound_endpoint(),
-             .owned_fragments = {0}, .fragment_versions = {version}};
+    Member m = merger_member(run, publisher.bound_endpoint(), version);
     if (checksum) m.fragment_checksums = {*checksum};
-    producer.produce({.topic = topics.members(), .partition = 0, .key = "test-merger", .value = encode_member(m)}, 0,
-                     10000);
-    REQUIRE(producer.flush(20000) == 0);
+    produce_member(producer, topics, m);
   };
   announce(1);
 
@@ -197,12 +207,10 @@ TEST_CASE("an inbox that starts from the versions the learner read asks for noth
   FragmentParams v3{.run_id = run, .fingerprint = kLayout.fingerprint, .fragment = 0, .version = 3,
                     .merger_instance = "test-merger", .epoch = 1, .tensors = random_tensors(rng, 1.0f)};
   v3.checksum = checksum_fp32(v3.tensors);
-  Member m{.run_id = run, .instance_id = "test-merger", .role = Role::Merger, .endpoint = publisher.bound_endpoint(),
-           .owned_fragments = {0}, .fragment_versions = {3}, .fragment_checksums = {v3.checksum}};
+  Member m = merger_member(run, publisher.bound_endpoint(), 3);
+  m.fragment_checksums = {v3.checksum};
   Producer producer({.kafka = kafka}, nullptr);
-  producer.produce({.topic = topics.members(), .partition = 0, .key = "test-merger", .value = encode_member(m)}, 0,
-                   10000);
-  REQUIRE(producer.flush(20000) == 0);
+  produce_member(producer, topics, m);
 
   Metrics metrics("test_");
   ParamInbox inbox({.kafka = kafka, .topics = topics,
@@ -230,4 +238,74 @@ TEST_CASE("an inbox that starts from the versions the learner read asks for noth
   CHECK(got->version == 4);
   CHECK(checksum_fp32(got->tensors) == v4.full.checksum);
   CHECK(metrics.value("params_requested_total") == 0);
+}
+
+TEST_CASE("a version announced before the inbox started is asked for at once, later gaps after the delay",
+          "[learner][inbox]") {
+  KafkaOptions kafka = testing::require_broker();
+  const std::string run = testing::unique_run_id("inbox-catch-up");
+  RunTopics topics = testing::create_run(kafka, run, {"r0"}, 1);
+  zmq::context_t context;
+  ParamsPublisher publisher(context, "tcp://127.0.0.1:*");
+  Producer producer({.kafka = kafka}, nullptr);
+  auto announce = [&](uint64_t version) { produce_member(producer, topics, merger_member(run, publisher.bound_endpoint(), version)); };
+  // A restarted learner: the run is at version 5, published before this inbox subscribed.
+  announce(5);
+  Metrics metrics("test_");
+  // The delay is far longer than the test waits: only the catch-up rule can ask in time.
+  ParamInbox inbox({.kafka = kafka, .topics = topics,
+                    .limits = {.run_id = run, .fingerprint = kLayout.fingerprint, .layout = &kLayout},
+                    .request_delay_s = 60, .request_interval_s = 0.5},
+                   metrics);
+  auto asked_for_fragment = [&](std::chrono::milliseconds within) {
+    return testing::eventually(
+        [&] {
+          for (const auto& [id, fragments] : publisher.take_requests().fragments)
+            if (fragments.count(0)) return true;
+          return false;
+        },
+        within);
+  };
+  CHECK(asked_for_fragment(20s));
+
+  // After the catch-up, a version announced and not yet arrived may be on its way: no ask before
+  // request_delay_s. Answer the first ask so that nothing is wanted any more.
+  std::mt19937 rng(3);
+  FragmentParams v5{.run_id = run, .fingerprint = kLayout.fingerprint, .fragment = 0, .version = 5,
+                    .merger_instance = "test-merger", .epoch = 1, .tensors = random_tensors(rng, 1.0f)};
+  v5.checksum = checksum_fp32(v5.tensors);
+  REQUIRE(testing::eventually(
+      [&] {
+        publisher.publish(0, encode_fragment_params(v5));
+        return inbox.received() > 0;
+      },
+      10s));
+  std::this_thread::sleep_for(1500ms);  // asks sent before the snapshot arrived
+  publisher.take_requests();
+  announce(6);
+  CHECK_FALSE(asked_for_fragment(3000ms));
+}
+
+TEST_CASE("a fragment whose merger stopped announcing is reported silent, and not once it announces again",
+          "[learner][inbox]") {
+  KafkaOptions kafka = testing::require_broker();
+  const std::string run = testing::unique_run_id("inbox-silent");
+  RunTopics topics = testing::create_run(kafka, run, {"r0"}, 1);
+  Producer producer({.kafka = kafka}, nullptr);
+  auto produce = [&](const Member& m) { produce_member(producer, topics, m); };
+  Member merger = merger_member(run, "tcp://127.0.0.1:9", 4);
+  merger.announce_interval_s = 0.25f;
+  const Member learner{.run_id = run, .instance_id = "test-learner", .role = Role::Learner};
+  produce(merger);
+  Metrics metrics("test_");
+  ParamInbox inbox({.kafka = kafka, .topics = topics,
+                    .limits = {.run_id = run, .fingerprint = kLayout.fingerprint, .layout = &kLayout}},
+                   metrics);
+  // Another process's record 1.5 s after the merger's last announcement: 6 intervals of silence.
+  std::this_thread::sleep_for(1500ms);
+  produce(learner);
+  CHECK(testing::eventually([&] { return inbox.owner_silent(0, 2); }, 20s));
+  CHECK_FALSE(inbox.owner_silent(0, 20));  // about 6 intervals are not 20
+  produce(merger);
+  CHECK(testing::eventually([&] { return !inbox.owner_silent(0, 2); }, 20s));
 }

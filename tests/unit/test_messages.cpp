@@ -692,6 +692,15 @@ TEST_CASE("Member round trip", "[codec][messages]") {
   CHECK(decode_member(encode_member(msg), limits_for(layout)).fragment_checksums == msg.fragment_checksums);
   msg.fragment_checksums = {7};  // not one per owned fragment
   CHECK_REJECTS(decode_member(encode_member(msg), limits_for(layout)), BadFlatbuffer);
+  msg.fragment_checksums.clear();
+
+  CHECK(got.announce_interval_s == 0);  // none given
+  msg.announce_interval_s = 2.5f;
+  CHECK(decode_member(encode_member(msg), limits_for(layout)).announce_interval_s == 2.5f);
+  msg.announce_interval_s = -1;
+  CHECK_REJECTS(decode_member(encode_member(msg), limits_for(layout)), BadFlatbuffer);
+  msg.announce_interval_s = std::numeric_limits<float>::quiet_NaN();
+  CHECK_REJECTS(decode_member(encode_member(msg), limits_for(layout)), BadFlatbuffer);
 }
 
 TEST_CASE("Rejected round trip keeps at most 256 bytes of payload", "[codec][messages]") {
