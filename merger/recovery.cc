@@ -215,7 +215,7 @@ std::map<uint32_t, RecoveredFragment> recover_partition(const LogContext& contex
   for (uint32_t p : fragments) out[p];
   // Read only settled logs: reading around an open transaction would miss a merge that is
   // about to become visible, and the next merge would then continue an old version.
-  auto unstable = wait_until_stable(ctx.kafka, {{ctx.topics.state(), partition, 0}, {ctx.topics.merges(), partition, 0}},
+  auto unstable = ctx.reader->wait_until_stable({{ctx.topics.state(), partition, 0}, {ctx.topics.merges(), partition, 0}},
                                     ctx.stable_wait_ms);
   if (!unstable.empty()) {
     const auto& u = unstable.front();

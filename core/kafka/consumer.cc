@@ -230,29 +230,5 @@ std::optional<int64_t> Consumer::cached_high_watermark(const std::string& topic,
   return high;
 }
 
-std::vector<UnstablePartition> wait_until_stable(const KafkaOptions& options,
-                                                 const std::vector<TopicPartitionOffset>& partitions, int timeout_ms) {
-  std::vector<UnstablePartition> unstable;
-  if (partitions.empty()) return unstable;
-  // Since librdkafka 1.7.1 the watermark query honours isolation.level: a read_committed
-  // consumer is told the last stable offset, a read_uncommitted one the high watermark.
-  ConsumerOptions committed_options;
-  committed_options.kafka = options;
-  ConsumerOptions uncommitted_options = committed_options;
-  uncommitted_options.read_committed = false;
-  Consumer committed(committed_options);
-  Consumer uncommitted(uncommitted_options);
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
-  for (;;) {
-    unstable.clear();
-    for (const auto& tp : partitions) {
-      const int64_t high = uncommitted.watermarks(tp.topic, tp.partition, timeout_ms).second;
-      const int64_t stable = committed.watermarks(tp.topic, tp.partition, timeout_ms).second;
-      if (stable < high) unstable.push_back({tp.topic, tp.partition, stable, high});
-    }
-    if (unstable.empty() || std::chrono::steady_clock::now() >= deadline) return unstable;
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  }
-}
 
 }  // namespace diloco

@@ -113,21 +113,5 @@ class Consumer {
   std::vector<std::pair<std::string, int32_t>> ended_;
 };
 
-// A partition with a transaction still open: read_committed readers see its end at `stable`
-// (the last stable offset), short of the log's high watermark.
-struct UnstablePartition {
-  std::string topic;
-  int32_t partition = 0;
-  int64_t stable = 0;
-  int64_t high = 0;
-};
-
-// Waits until no transaction is open on any of `partitions` (offsets ignored): the last stable
-// offset has reached the high watermark. A reader that must see a log's final committed state
-// calls this first: commit_transaction returns before the commit markers are written, and an
-// instance killed mid-transaction holds the last stable offset back until the broker aborts its
-// transaction. Returns the partitions still unstable at the deadline (empty: all stable).
-std::vector<UnstablePartition> wait_until_stable(const KafkaOptions& options,
-                                                 const std::vector<TopicPartitionOffset>& partitions, int timeout_ms);
 
 }  // namespace diloco

@@ -6,6 +6,7 @@
 #include <map>
 #include <optional>
 #include <set>
+#include <thread>
 
 #include "core/errors.h"
 #include "core/kafka/chunk_assembler.h"
@@ -67,6 +68,41 @@ std::vector<std::pair<std::string, int>> LogReader::list_topics(int timeout_ms) 
 
 int LogReader::partition_count(const std::string& topic, int timeout_ms) {
   return consumer_.partition_count(topic, timeout_ms);
+}
+
+std::vector<UnstablePartition> LogReader::wait_until_stable(const std::vector<TopicPartitionOffset>& partitions,
+                                                           int timeout_ms) {
+  std::vector<UnstablePartition> unstable;
+  if (partitions.empty()) return unstable;
+  // Since librdkafka 1.7.1 the watermark query honours isolation.level: the read_committed
+  // consumer is told the last stable offset, a read_uncommitted one the high watermark.
+  if (!uncommitted_) {
+    ConsumerOptions options = consumer_.options();
+    options.read_committed = false;
+    uncommitted_ = std::make_unique<Consumer>(options);
+  }
+  const auto deadline = Clock::now() + std::chrono::milliseconds(timeout_ms);
+  for (;;) {
+    unstable.clear();
+    for (const auto& tp : partitions) {
+      const int64_t high = uncommitted_->watermarks(tp.topic, tp.partition, timeout_ms).second;
+      const int64_t stable = consumer_.watermarks(tp.topic, tp.partition, timeout_ms).second;
+      if (stable < high) unstable.push_back({tp.topic, tp.partition, stable, high});
+    }
+    if (unstable.empty() || Clock::now() >= deadline) return unstable;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+}
+
+std::optional<int64_t> LogReader::offset_at_time(const std::string& topic, int32_t partition, int64_t ms,
+                                                 int timeout_ms) {
+  std::vector<RdKafka::TopicPartition*> list{RdKafka::TopicPartition::create(topic, partition, ms)};
+  RdKafka::ErrorCode err = consumer_.raw().offsetsForTimes(list, timeout_ms);
+  const int64_t offset = list.front()->offset();
+  RdKafka::TopicPartition::destroy(list);
+  if (err) throw Unavailable("offsets for time " + std::to_string(ms) + " of " + topic + ": " + RdKafka::err2str(err));
+  if (offset < 0) return std::nullopt;
+  return offset;
 }
 
 void LogReader::read_to_end(const std::vector<TopicPartitionOffset>& starts,

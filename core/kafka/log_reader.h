@@ -10,6 +10,8 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <utility>
@@ -25,6 +27,15 @@ struct OffsetRange {
   int32_t partition = 0;
   int64_t begin = 0;
   int64_t end = 0;
+};
+
+// A partition with a transaction still open: read_committed readers see its end at `stable`
+// (the last stable offset), short of the log's high watermark.
+struct UnstablePartition {
+  std::string topic;
+  int32_t partition = 0;
+  int64_t stable = 0;
+  int64_t high = 0;
 };
 
 class LogReader {
@@ -57,6 +68,17 @@ class LogReader {
   std::vector<std::pair<std::string, int>> list_topics(int timeout_ms);
   // Partition count of a topic; throws InvalidInput if the topic is missing.
   int partition_count(const std::string& topic, int timeout_ms);
+  // The first offset of the partition whose timestamp is at or after `ms` (broker timestamps),
+  // or nullopt when there is none.
+  std::optional<int64_t> offset_at_time(const std::string& topic, int32_t partition, int64_t ms, int timeout_ms);
+
+  // Waits until no transaction is open on any of `partitions` (offsets ignored): the last stable
+  // offset has reached the high watermark. A reader that must see a log's final committed state
+  // calls this first: commit_transaction returns before the commit markers are written, and an
+  // instance killed mid-transaction holds the last stable offset back until the broker aborts its
+  // transaction. Returns the partitions still unstable at the deadline (empty: all stable). The
+  // high watermarks come from a second, read_uncommitted consumer made at the first call.
+  std::vector<UnstablePartition> wait_until_stable(const std::vector<TopicPartitionOffset>& partitions, int timeout_ms);
 
   // Reads served so far, all by the same consumer.
   uint64_t reads() const { return reads_; }
@@ -64,6 +86,7 @@ class LogReader {
  private:
   class Assignment;
   Consumer consumer_;
+  std::unique_ptr<Consumer> uncommitted_;  // wait_until_stable's view of the log's end
   uint64_t reads_ = 0;
   // Topics whose metadata this consumer holds: a topic first assigned without it waits for
   // librdkafka's next metadata refresh (about 1 s) before its first fetch.

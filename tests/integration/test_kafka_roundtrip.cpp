@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <chrono>
 #include <map>
+#include <optional>
 #include <random>
 #include <set>
 #include <tuple>
@@ -204,7 +205,8 @@ TEST_CASE("transactions: committed records and offsets are visible, aborted ones
   txn.produce({.topic = topics.state(), .partition = 0, .key = "0", .value = committed_value}, 3, 10000);
   REQUIRE(txn.flush(20000) == 0);
   // While the transaction is open, a read_committed reader's end stops short of the log's end.
-  auto open = wait_until_stable(kafka, {{topics.merges(), 0, 0}}, 300);
+  LogReader reader(kafka);
+  auto open = reader.wait_until_stable({{topics.merges(), 0, 0}}, 300);
   REQUIRE(open.size() == 1);
   CHECK(open[0].stable < open[0].high);
   txn.send_offsets_to_transaction({{in[0].topic, in[0].partition, in[0].offset + 1}}, group_member.raw(), 30000);
@@ -212,7 +214,7 @@ TEST_CASE("transactions: committed records and offsets are visible, aborted ones
 
   // commit_transaction returns once the coordinator has decided; the commit markers reach the
   // partitions a moment later. Once the partitions are stable, one read sees the record.
-  CHECK(wait_until_stable(kafka, {{topics.merges(), 0, 0}, {topics.state(), 0, 0}}, 30000).empty());
+  CHECK(reader.wait_until_stable({{topics.merges(), 0, 0}, {topics.state(), 0, 0}}, 30000).empty());
   std::vector<std::vector<uint8_t>> merges;
   read_to_end(kafka, {topics.merges()}, [&](const ConsumedMessage& m) { merges.push_back(m.value); }, 60000);
   REQUIRE(merges.size() == 1);
@@ -377,4 +379,14 @@ TEST_CASE("one LogReader serves reads to the end, ranges and positions through o
 
   CHECK(reader.reads() == 6);
   CHECK(reader.partition_count(topic, 10000) == 2);
+
+  // Offsets by broker timestamp: the first offset at or after a time, none after the last.
+  std::vector<int64_t> stamps;
+  reader.read_to_end({{topic, 0, -2}}, [&](const ConsumedMessage& m) { stamps.push_back(m.timestamp_ms); }, 60000);
+  REQUIRE(stamps.size() == 40);
+  const int64_t t = stamps[20];
+  const auto first_at_t = std::find_if(stamps.begin(), stamps.end(), [&](int64_t s) { return s >= t; }) - stamps.begin();
+  CHECK(reader.offset_at_time(topic, 0, t, 10000) == std::optional<int64_t>(first_at_t));
+  CHECK(reader.offset_at_time(topic, 0, 0, 10000) == std::optional<int64_t>(0));
+  CHECK_FALSE(reader.offset_at_time(topic, 0, *std::max_element(stamps.begin(), stamps.end()) + 1, 10000));
 }

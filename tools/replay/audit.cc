@@ -5,6 +5,7 @@
 
 #include "core/kafka/chunk_assembler.h"
 #include "core/kafka/consumer.h"
+#include "core/kafka/log_reader.h"
 #include "tools/replay/replay.h"
 
 namespace diloco {
@@ -37,7 +38,7 @@ RunAudit audit(const ReplayRun& run) {
   // still hold back the end a read_committed reader sees.
   std::vector<TopicPartitionOffset> merge_partitions;
   for (int p = 0; p < run.partitions; ++p) merge_partitions.push_back({run.topics.merges(), p, 0});
-  for (const auto& u : wait_until_stable(run.kafka, merge_partitions, run.timeout_ms))
+  for (const auto& u : run.reader->wait_until_stable(merge_partitions, run.timeout_ms))
     a.problems.push_back(u.topic + "[" + std::to_string(u.partition) + "] has a transaction open at " +
                          std::to_string(u.stable) + " (end " + std::to_string(u.high) + ")");
   read_to_end(

@@ -1,6 +1,4 @@
 // list, show and dump: what each learner sent and what became of it.
-#include <librdkafka/rdkafkacpp.h>
-
 #include <algorithm>
 #include <charconv>
 #include <chrono>
@@ -12,6 +10,7 @@
 
 #include "core/errors.h"
 #include "core/kafka/chunk_assembler.h"
+#include "core/kafka/log_reader.h"
 #include "tools/replay/replay.h"
 #include "tools/replay/run_logs.h"
 #include "tools/replay/tensor_file.h"
@@ -31,17 +30,6 @@ std::string resolve_topic(const ReplayRun& run, const std::string& name) {
                      " (its delta topics:" + known + ")");
 }
 
-// The first offset whose timestamp is at or after `ms`, or `high` when there is none.
-int64_t offset_at_time(Consumer& consumer, const std::string& topic, int32_t partition, int64_t ms, int64_t high,
-                       int timeout_ms) {
-  std::vector<RdKafka::TopicPartition*> list{RdKafka::TopicPartition::create(topic, partition, ms)};
-  RdKafka::ErrorCode err = consumer.raw().offsetsForTimes(list, timeout_ms);
-  int64_t offset = list.front()->offset();
-  RdKafka::TopicPartition::destroy(list);
-  if (err) throw Unavailable("offsets for time " + std::to_string(ms) + " of " + topic + ": " + RdKafka::err2str(err));
-  return offset < 0 ? high : offset;
-}
-
 std::vector<OffsetRange> list_ranges(const ReplayRun& run, const ListOptions& o) {
   std::vector<std::string> topics;
   for (const auto& t : o.topics) topics.push_back(resolve_topic(run, t));
@@ -57,16 +45,20 @@ std::vector<OffsetRange> list_ranges(const ReplayRun& run, const ListOptions& o)
   } else {
     for (int32_t p = 0; p < run.partitions; ++p) partitions.push_back(p);
   }
-  Consumer probe(ConsumerOptions{.kafka = run.kafka});
+  LogReader& reader = *run.reader;
+  // The first offset at or after `ms`, or `high` when there is none.
+  auto at_time = [&](const std::string& topic, int32_t partition, int64_t ms, int64_t high) {
+    return reader.offset_at_time(topic, partition, ms, run.timeout_ms).value_or(high);
+  };
   std::vector<OffsetRange> out;
   for (const auto& topic : topics)
     for (int32_t partition : partitions) {
-      auto [low, high] = probe.watermarks(topic, partition, run.timeout_ms);
+      auto [low, high] = reader.watermarks(topic, partition, run.timeout_ms);
       OffsetRange r{topic, partition, low, high};
       if (o.from_offset) r.begin = std::max(r.begin, *o.from_offset);
       if (o.to_offset) r.end = std::min(r.end, *o.to_offset + 1);
-      if (o.since_ms) r.begin = std::max(r.begin, offset_at_time(probe, topic, partition, *o.since_ms, high, run.timeout_ms));
-      if (o.until_ms) r.end = std::min(r.end, offset_at_time(probe, topic, partition, *o.until_ms + 1, high, run.timeout_ms));
+      if (o.since_ms) r.begin = std::max(r.begin, at_time(topic, partition, *o.since_ms, high));
+      if (o.until_ms) r.end = std::min(r.end, at_time(topic, partition, *o.until_ms + 1, high));
       out.push_back(r);
     }
   return out;
