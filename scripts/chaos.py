@@ -229,14 +229,44 @@ def incarnations(events):
     return runs
 
 
-def compute_curve(events):
+def stopped_windows(timeline_path):
+    """Per target, the (begin, end) wall-clock seconds between each SIGSTOP and its SIGCONT, from
+    the run's timeline (a stop with no continue lasts to the end)."""
+    windows, open_at = {}, {}
+    for e in run_local.read_jsonl(timeline_path):
+        if e.get("action") == "stop":
+            open_at[e["target"]] = e["time_us"] / 1e6
+        elif e.get("action") == "cont" and e.get("target") in open_at:
+            windows.setdefault(e["target"], []).append((open_at.pop(e["target"]), e["time_us"] / 1e6))
+    for target, begin in open_at.items():
+        windows.setdefault(target, []).append((begin, float("inf")))
+    return windows
+
+
+def compute_curve(events, stopped=()):
     """(step, compute seconds) points of one incarnation, starting at (its first step, 0): 0, or
-    where a restarted learner resumed (its "resume" event)."""
+    where a restarted learner resumed (its "resume" event).
+
+    `stopped`: (begin, end) wall-clock seconds in which the process was SIGSTOPped. A learner's
+    compute clock runs on through a stop that lands inside a step, so between two logged points
+    the compute credited is at most the wall time between them less the time stopped in it."""
     first = next((e.get("step", 0) for e in events if e.get("event") == "resume"), 0)
     points = [(first, 0.0)]
+    last_wall = next((e["time_us"] / 1e6 for e in events if "time_us" in e), None)
+    last_raw = 0.0
     for e in events:
         if e.get("event") in ("step", "stop") and "compute_seconds" in e and e.get("step", 0) > points[-1][0]:
-            points.append((e["step"], e["compute_seconds"]))
+            raw = e["compute_seconds"]
+            credited = raw - last_raw
+            wall = e["time_us"] / 1e6 if "time_us" in e else None
+            if wall is not None and last_wall is not None:
+                inside = sum(max(0.0, min(wall, b) - max(last_wall, a)) for a, b in stopped)
+                if inside > 0:
+                    credited = min(credited, max(0.0, wall - last_wall - inside))
+            last_raw = raw
+            if wall is not None:
+                last_wall = wall
+            points.append((e["step"], points[-1][1] + credited))
     return points
 
 
@@ -322,13 +352,15 @@ def analyse(cluster, args, faults, wall_seconds):
     checks["adopted_committed"] = adopted_unknown == 0
     checks["no_version_backwards"] = backwards == 0
 
-    # Goodput: per learner and fragment, the steps covered by merged deltas, in compute seconds.
+    # Goodput: per learner and fragment, the steps covered by merged deltas, in compute seconds
+    # (none credited for the time a pause stopped the learner).
+    stopped = stopped_windows(os.path.join(cluster.run_dir, "chaos.jsonl"))
     good = 0.0
     computed = 0.0
     deltas = {"sent": 0, "merged": 0}
     for name in cluster.learner_names:
         for inc in incarnations(run_local.read_jsonl(os.path.join(cluster.run_dir, name, "metrics.jsonl"))):
-            curve = compute_curve(inc)
+            curve = compute_curve(inc, stopped.get(name, ()))
             computed += curve[-1][1]
             covered = {p: [] for p in range(fragments)}
             for e in inc:
