@@ -29,6 +29,9 @@ int main(int argc, char** argv) {
   app.add_option("--run-dir", o.run_dir, "folder for metrics.jsonl (created if missing; empty: no file)");
   app.add_option("--metrics-port", o.metrics_port, "serve Prometheus metrics on 127.0.0.1:PORT/metrics (0: off)")->capture_default_str();
   app.add_option("--session-timeout-ms", o.session_timeout_ms, "consumer-group session timeout: how fast a dead instance's fragments move")->capture_default_str();
+  app.add_flag("--static-membership,!--no-static-membership", o.static_membership,
+               "join the group as a static member under --id: restarted after a crash it takes its fragments back at once; "
+               "a clean stop then hands them over only after the session timeout")->capture_default_str();
   app.add_option("--merge-threads", o.merge_threads, "threads that share each merge's arithmetic (0: one per core); any number gives the same bits")->capture_default_str()->check(CLI::Range(0u, 256u));
   uint64_t snapshot_queue_mib = o.snapshot_queue_bytes >> 20;
   app.add_option("--snapshot-queue-mib", snapshot_queue_mib, "snapshots queued for subscribers and not yet sent, held in memory: past this, further requests wait their turn")->capture_default_str()->check(CLI::Range(uint64_t{1}, uint64_t{1} << 20));

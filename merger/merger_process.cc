@@ -754,6 +754,7 @@ int MergerProcess::run() {
     members_->assign({{topics_.members(), 0, -2}});
   }
   ConsumerOptions group{.kafka = kafka, .group_id = "diloco." + o_.config.run.id + ".mergers",
+                        .group_instance_id = o_.static_membership ? o_.instance_id : std::string(),
                         .topics = {topics_.deltas_pattern()}, .session_timeout_ms = o_.session_timeout_ms};
   consumer_ = std::make_unique<Consumer>(group, this);
   log({{"event", "start"}, {"endpoint", advertised_}, {"partitions", partitions_},

@@ -12,6 +12,7 @@
 #include "core/errors.h"
 #include "core/kafka/chunk_assembler.h"
 #include "core/kafka/client_config.h"
+#include "core/kafka/producer.h"
 
 namespace diloco {
 
@@ -63,6 +64,7 @@ Consumer::Consumer(ConsumerOptions options, RebalanceListener* listener)
   auto conf = kafka_detail::base_config(options_.kafka, kafka_detail::ClientKind::Consumer);
   // librdkafka requires a group id even for assign()-only use; a unique one never joins.
   set(*conf, "group.id", options_.group_id.empty() ? options_.kafka.client_id + "-reader" : options_.group_id);
+  if (!options_.group_instance_id.empty()) set(*conf, "group.instance.id", options_.group_instance_id);
   set(*conf, "enable.auto.commit", "false");
   set(*conf, "enable.auto.offset.store", "false");
   set(*conf, "enable.partition.eof", "true");
@@ -116,6 +118,13 @@ std::optional<ConsumedMessage> Consumer::poll(int timeout_ms) {
       if (message->err() == RdKafka::ERR__TRANSPORT || message->err() == RdKafka::ERR__ALL_BROKERS_DOWN ||
           message->err() == RdKafka::ERR__RESOLVE)
         return std::nullopt;  // librdkafka reconnects by itself; keep polling
+      if (message->err() == RdKafka::ERR__FATAL || message->err() == RdKafka::ERR_FENCED_INSTANCE_ID) {
+        std::string reason;
+        const RdKafka::ErrorCode fatal = consumer_->fatal_error(reason);
+        if (fatal == RdKafka::ERR_FENCED_INSTANCE_ID || message->err() == RdKafka::ERR_FENCED_INSTANCE_ID)
+          throw Fenced("consumer: another process joined the group as instance " + options_.group_instance_id +
+                       " (" + (reason.empty() ? message->errstr() : reason) + ")");
+      }
       if (message->err() == RdKafka::ERR_UNKNOWN_TOPIC_OR_PART ||
           message->err() == RdKafka::ERR_TOPIC_AUTHORIZATION_FAILED)
         throw InvalidInput("consumer: " + message->errstr() + " (create the run's topics: scripts/broker topics --run ID)");

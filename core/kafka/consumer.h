@@ -27,6 +27,11 @@ using OnChunkProblem = std::function<void(const ChunkProblem&)>;
 struct ConsumerOptions {
   KafkaOptions kafka;
   std::string group_id;  // empty: no group (use assign())
+  // Static membership (KIP-345): a process that joins under the instance id of one that died
+  // takes its partitions at once, without waiting for the session timeout or a rebalance of the
+  // others. A static member does not leave the group when it closes: its partitions move to the
+  // others when the session times out. Empty: a dynamic member.
+  std::string group_instance_id;
   // Subscription: names, or regular expressions starting with '^' (librdkafka syntax).
   std::vector<std::string> topics;
   bool read_committed = true;

@@ -38,6 +38,7 @@ struct FaultRun {
   RunConfig config;
   ModelSetup setup;
   std::vector<std::string> sets;
+  int session_timeout_ms = 6000;  // of the mergers started from here on
 
   FaultRun(const std::string& name, std::vector<std::string> extra)
       : run(testing::unique_run_id(name)), topics(testing::create_run(kafka, run, {"r0"}, kPartitions)),
@@ -51,7 +52,7 @@ struct FaultRun {
                                                 const std::vector<std::pair<std::string, std::string>>& faults = {}) {
     std::vector<std::string> args = {testing::merger_binary(), "-c", testing::tiny_config_path(), "--id", id,
                                      "--bootstrap", kafka.bootstrap_servers, "--run-dir", dir + "/" + id,
-                                     "--session-timeout-ms", "6000"};
+                                     "--session-timeout-ms", std::to_string(session_timeout_ms)};
     args.insert(args.end(), sets.begin(), sets.end());
     for (const auto& [k, v] : faults) setenv(k.c_str(), v.c_str(), 1);
     auto child = std::make_unique<testing::ChildProcess>(args, dir + "/" + id + ".log");
@@ -462,4 +463,25 @@ TEST_CASE("a rewind that fails after a failed merge is retried: no delta lost, n
   REQUIRE(testing::eventually([&] { return r.merges_of(0).size() == 2 && r.merges_of(1).size() == 2; }, 60s));
   CHECK(merger->running());
   r.stop_and_audit(*merger);
+}
+
+TEST_CASE("a merger killed and restarted under the same id owns its fragments again before the session timeout",
+          "[merger][faults][static]") {
+  FaultRun r("static-member", {"merger.quorum=1"});
+  // A dynamic member restarted here would wait for the dead process's 45 s session to time out.
+  r.session_timeout_ms = 45000;
+  auto first = r.merger("M0");
+  r.wait_genesis("M0");
+  r.send({{0, r.delta("a", 0, 1, 0)}});
+  REQUIRE(testing::eventually([&] { return r.merges_of(0).size() == 1; }, 60s));
+  first->signal(SIGKILL);
+  REQUIRE(first->wait_exit(10s).has_value());
+
+  auto second = r.merger("M0");
+  INFO(second->log());
+  // Static membership: the restarted instance is given the dead one's partitions as it joins.
+  CHECK(testing::eventually([&] { return r.count("M0", "assigned") == 2; }, 25s));
+  r.send({{0, r.delta("a", 0, 2, 1)}});
+  REQUIRE(testing::eventually([&] { return r.merges_of(0).size() == 2; }, 30s));
+  r.stop_and_audit(*second);
 }
