@@ -298,22 +298,25 @@ void Learner::wait_for_versions(const std::map<uint32_t, uint64_t>& versions, ui
   const auto t0 = Clock::now();
   const double timeout = o_.resume_wait_s;
   std::set<uint32_t> silent;  // fragments whose mergers went silent: not waited for
+  // Whether a fragment is still worth waiting for; one whose mergers went silent is given up.
   auto behind = [&] {
-    for (const auto& [p, v] : versions)
-      if (p < fragments_.size() && fragments_[p].version() < v && !silent.count(p)) return true;
-    return false;
-  };
-  while (behind() && !stop_ && seconds_since(t0) < timeout) {
-    adopt_received(step, 0);
-    heartbeat(step, 0);
-    for (const auto& [p, v] : versions)
-      if (p < fragments_.size() && fragments_[p].version() < v && !silent.count(p) && inbox_ &&
-          inbox_->owner_silent(p, o_.resume_silent_intervals)) {
+    bool waiting = false;
+    for (const auto& [p, v] : versions) {
+      if (p >= fragments_.size() || fragments_[p].version() >= v || silent.count(p)) continue;
+      if (inbox_ && inbox_->owner_silent(p, o_.resume_silent_intervals)) {
         silent.insert(p);
         std::cerr << "learner " << o_.learner_id << ": fragment " << p << ": no merger announced it for "
                   << o_.resume_silent_intervals << " of its announce intervals; not waiting for version " << v
                   << " (training on version " << fragments_[p].version() << ")\n";
+      } else {
+        waiting = true;
       }
+    }
+    return waiting;
+  };
+  while (behind() && !stop_ && seconds_since(t0) < timeout) {
+    adopt_received(step, 0);
+    heartbeat(step, 0);
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
   if (behind())

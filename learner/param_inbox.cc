@@ -89,9 +89,6 @@ void ParamInbox::run() {
   // fragment: a gap that lasts is asked for again.
   using Clock = std::chrono::steady_clock;
   std::map<uint32_t, uint64_t> announced;
-  // Until the first read of `members` reaches its end, what it announces was published before
-  // this subscriber connected and will not arrive by itself: a gap found then is asked for at once.
-  bool members_caught_up = false;
   std::map<uint32_t, Clock::time_point> behind_since;
   SnapshotAsks asks(std::chrono::duration<double>(options_.request_interval_s),
                     std::chrono::duration<double>(options_.request_interval_max_s));
@@ -132,7 +129,9 @@ void ParamInbox::run() {
         continue;
       }
       auto since = behind_since.try_emplace(p, now).first->second;
-      if (!members_caught_up || now - since >= std::chrono::duration<double>(options_.request_delay_s))
+      // Until the first read of `members` reaches its end, what it announces was published before
+      // this subscriber connected and will not arrive by itself: asked for at once.
+      if (!members_caught_up_ || now - since >= std::chrono::duration<double>(options_.request_delay_s))
         wanted.insert(p);
     }
     for (auto it = wanted.begin(); it != wanted.end();) {
@@ -179,8 +178,7 @@ void ParamInbox::run() {
             metrics_.add("members_rejected_total", 1);
           }
         }
-        if (!members_caught_up && members->at_end()) {
-          members_caught_up = true;
+        if (!members_caught_up_ && members->at_end()) {
           std::lock_guard lock(mutex_);
           members_caught_up_ = true;
         }

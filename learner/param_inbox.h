@@ -35,13 +35,13 @@ struct ParamInboxOptions {
   std::vector<std::string> endpoints;
   // A fragment whose version a merger announced in `members` and that has not arrived for
   // request_delay_s (a dropped message, a merger that was recovering when this learner
-  // connected) is asked for; while it stays missing it is asked for again after
+  // connected) is asked for; a gap found while the first read of `members` catches up
+  // (announced before this inbox subscribed, so it will not arrive by itself) is asked for at
+  // once. While it stays missing it is asked for again after
   // request_interval_s, then after twice that, and so on up to request_interval_max_s.
   double request_delay_s = 0.5;
   double request_interval_s = 1.0;
   double request_interval_max_s = 16.0;
-  // A gap found while the first read of `members` catches up (announced before this inbox
-  // subscribed) is asked for at once, not after request_delay_s.
   int members_metadata_ms = 5000;  // the wait for the members topic's metadata when opening it
   // The versions the learner starts from (read from the `state` topic, so bit for bit the
   // mergers'): updates on them apply at once, and no snapshot is asked for while the mergers
@@ -92,6 +92,8 @@ class ParamInbox {
   };
   std::map<uint32_t, Heard> owner_heard_;  // per fragment, its newest announcement by a merger
   int64_t members_newest_ms_ = 0;          // the newest record read from `members`
+  // The first read of `members` reached its end. Written by the inbox thread under mutex_ (which
+  // also reads it without the lock: no other thread writes it).
   bool members_caught_up_ = false;
   std::atomic<uint64_t> received_{0};
   std::atomic<uint64_t> rejected_{0};
