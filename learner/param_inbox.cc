@@ -73,10 +73,8 @@ void ParamInbox::run() {
     try {
       ConsumerOptions consumer_options{.kafka = options_.kafka};
       consumer_options.kafka.client_id = options_.kafka.client_id + "-members";
+      consumer_options.assign_metadata_ms = options_.members_metadata_ms;
       members = std::make_unique<Consumer>(consumer_options);
-      // With the topic's metadata in hand the first fetch starts at once; assigned without it,
-      // the consumer waits for its next metadata refresh (about 1 s of every learner start).
-      members->partition_count(options_.topics.members(), options_.members_metadata_ms);
       members->assign({{options_.topics.members(), 0, -2 /* beginning */}});
     } catch (const Error& e) {
       std::cerr << "learner: cannot follow " << options_.topics.members() << " yet: " << e.what() << "\n";

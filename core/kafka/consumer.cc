@@ -118,10 +118,11 @@ std::optional<ConsumedMessage> Consumer::poll(int timeout_ms) {
       if (message->err() == RdKafka::ERR__TRANSPORT || message->err() == RdKafka::ERR__ALL_BROKERS_DOWN ||
           message->err() == RdKafka::ERR__RESOLVE)
         return std::nullopt;  // librdkafka reconnects by itself; keep polling
-      if (message->err() == RdKafka::ERR__FATAL || message->err() == RdKafka::ERR_FENCED_INSTANCE_ID) {
+      {
+        // Fenced as a static member: reported as itself, or as the fatal error behind ERR__FATAL.
         std::string reason;
-        const RdKafka::ErrorCode fatal = consumer_->fatal_error(reason);
-        if (fatal == RdKafka::ERR_FENCED_INSTANCE_ID || message->err() == RdKafka::ERR_FENCED_INSTANCE_ID)
+        if (message->err() == RdKafka::ERR_FENCED_INSTANCE_ID ||
+            (message->err() == RdKafka::ERR__FATAL && consumer_->fatal_error(reason) == RdKafka::ERR_FENCED_INSTANCE_ID))
           throw Fenced("consumer: another process joined the group as instance " + options_.group_instance_id +
                        " (" + (reason.empty() ? message->errstr() : reason) + ")");
       }
@@ -162,6 +163,11 @@ void Consumer::rewind_to_committed(int timeout_ms) {
 }
 
 void Consumer::assign(const std::vector<TopicPartitionOffset>& partitions) {
+  for (const auto& tp : partitions)
+    if (!known_topics_.count(tp.topic)) {
+      partition_count(tp.topic, options_.assign_metadata_ms);
+      known_topics_.insert(tp.topic);
+    }
   PartitionList list(partitions);
   RdKafka::ErrorCode err = consumer_->assign(list.items);
   if (err) throw Error("assign: " + RdKafka::err2str(err));

@@ -9,6 +9,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -39,6 +40,9 @@ struct ConsumerOptions {
   int session_timeout_ms = 10000;
   int max_poll_interval_ms = 300000;
   int metadata_refresh_ms = 10000;  // how soon a new matching topic is noticed
+  // assign() fetches a topic's metadata before its first assignment (once per topic): assigned
+  // without it, the first fetch waits for the next metadata refresh, about 1 s.
+  int assign_metadata_ms = 5000;
   std::string assignor = "range";
 };
 
@@ -86,7 +90,9 @@ class Consumer {
   // consumed messages is thrown away, they are read again. Throws Unavailable when the committed
   // offsets cannot be fetched or a seek fails.
   void rewind_to_committed(int timeout_ms);
-  // Group-less reading: assign exactly these partitions at these offsets (-2 = beginning).
+  // Group-less reading: assign exactly these partitions at these offsets (-2 = beginning). The
+  // first assignment of a topic asks for its metadata first: throws InvalidInput if the topic is
+  // missing, Unavailable if no broker answers within assign_metadata_ms.
   void assign(const std::vector<TopicPartitionOffset>& partitions);
   // Group-less reading: nothing assigned, nothing fetched (what was fetched is dropped).
   void unassign();
@@ -115,6 +121,7 @@ class Consumer {
   std::unique_ptr<Callbacks> callbacks_;
   std::unique_ptr<RdKafka::KafkaConsumer> consumer_;
   size_t assigned_count_ = 0;
+  std::set<std::string> known_topics_;  // topics whose metadata assign() has fetched
   std::vector<std::pair<std::string, int32_t>> ended_;
 };
 

@@ -32,13 +32,7 @@ using Clock = std::chrono::steady_clock;
 // throws), so that nothing is fetched between reads and no message of one read reaches the next.
 class LogReader::Assignment {
  public:
-  Assignment(LogReader& reader, const std::vector<TopicPartitionOffset>& partitions, int timeout_ms)
-      : reader_(reader) {
-    for (const auto& tp : partitions)
-      if (!reader_.known_topics_.count(tp.topic)) {
-        reader_.consumer_.partition_count(tp.topic, timeout_ms);
-        reader_.known_topics_.insert(tp.topic);
-      }
+  Assignment(LogReader& reader, const std::vector<TopicPartitionOffset>& partitions) : reader_(reader) {
     reader_.consumer_.assign(partitions);
     ++reader_.reads_;
   }
@@ -114,7 +108,7 @@ void LogReader::read_to_end(const std::vector<TopicPartitionOffset>& starts,
   std::vector<TopicPartitionOffset> resolved = starts;
   for (auto& tp : resolved)
     if (tp.offset == RdKafka::Topic::OFFSET_BEGINNING) tp.offset = watermarks(tp.topic, tp.partition, timeout_ms).first;
-  Assignment assigned(*this, resolved, timeout_ms);
+  Assignment assigned(*this, resolved);
   std::optional<ChunkAssembler> assembler;
   if (chunks) assembler.emplace(*chunks);
   auto problems = [&](const std::vector<ChunkProblem>& found) {
@@ -149,7 +143,7 @@ std::vector<ConsumedMessage> LogReader::fetch(const std::vector<TopicPartitionOf
   if (wanted.empty()) return out;
   std::vector<TopicPartitionOffset> starts;
   for (const auto& [tp, offsets] : wanted) starts.push_back({tp.first, tp.second, *offsets.begin()});
-  Assignment assigned(*this, starts, timeout_ms);
+  Assignment assigned(*this, starts);
   std::optional<ChunkAssembler> assembler;
   if (chunks)
     assembler.emplace(*chunks, [&](const ConsumedMessage& head) {
@@ -202,7 +196,7 @@ void LogReader::read_ranges(const std::vector<OffsetRange>& ranges,
       ends[{r.topic, r.partition}] = r.end;
     }
   if (starts.empty()) return;
-  Assignment assigned(*this, starts, timeout_ms);
+  Assignment assigned(*this, starts);
   auto stalled_at = Clock::now() + std::chrono::milliseconds(timeout_ms);
   while (!ends.empty() && !consumer_.at_end()) {
     if (Clock::now() > stalled_at)

@@ -12,7 +12,6 @@
 #include <functional>
 #include <memory>
 #include <optional>
-#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -88,9 +87,6 @@ class LogReader {
   Consumer consumer_;
   std::unique_ptr<Consumer> uncommitted_;  // wait_until_stable's view of the log's end
   uint64_t reads_ = 0;
-  // Topics whose metadata this consumer holds: a topic first assigned without it waits for
-  // librdkafka's next metadata refresh (about 1 s) before its first fetch.
-  std::set<std::string> known_topics_;
 };
 
 // One-shot reads for a process that reads a log once (start-up reads of `members`, a test):

@@ -48,14 +48,17 @@ struct FaultRun {
   }
 
   // A merger process; `faults` are DILOCO_FAULT_* variables for this child only.
+  // `folder` names its run folder (default: the id).
   std::unique_ptr<testing::ChildProcess> merger(const std::string& id,
-                                                const std::vector<std::pair<std::string, std::string>>& faults = {}) {
+                                                const std::vector<std::pair<std::string, std::string>>& faults = {},
+                                                std::string folder = "") {
+    if (folder.empty()) folder = id;
     std::vector<std::string> args = {testing::merger_binary(), "-c", testing::tiny_config_path(), "--id", id,
-                                     "--bootstrap", kafka.bootstrap_servers, "--run-dir", dir + "/" + id,
+                                     "--bootstrap", kafka.bootstrap_servers, "--run-dir", dir + "/" + folder,
                                      "--session-timeout-ms", std::to_string(session_timeout_ms)};
     args.insert(args.end(), sets.begin(), sets.end());
     for (const auto& [k, v] : faults) setenv(k.c_str(), v.c_str(), 1);
-    auto child = std::make_unique<testing::ChildProcess>(args, dir + "/" + id + ".log");
+    auto child = std::make_unique<testing::ChildProcess>(args, dir + "/" + folder + ".log");
     for (const auto& [k, v] : faults) unsetenv(k.c_str());
     return child;
   }
@@ -483,5 +486,31 @@ TEST_CASE("a merger killed and restarted under the same id owns its fragments ag
   CHECK(testing::eventually([&] { return r.count("M0", "assigned") == 2; }, 25s));
   r.send({{0, r.delta("a", 0, 2, 1)}});
   REQUIRE(testing::eventually([&] { return r.merges_of(0).size() == 2; }, 30s));
+  r.stop_and_audit(*second);
+}
+
+TEST_CASE("a second live merger under the same id fences the first: the first stops as fenced, the second merges on",
+          "[merger][faults][static]") {
+  FaultRun r("fenced-instance", {"merger.quorum=1"});
+  auto first = r.merger("M0");
+  r.wait_genesis("M0");
+  r.send({{0, r.delta("a", 0, 1, 0)}});
+  REQUIRE(testing::eventually([&] { return r.merges_of(0).size() == 1; }, 60s));
+
+  // Same id, so the same group instance id and transactional id: the group hands the newcomer the
+  // first one's partitions and fences the first, which is idle and learns it from its consumer.
+  auto second = r.merger("M0", {}, "M0-second");
+  INFO(second->log());
+  const auto code = first->wait_exit(60s);
+  INFO(first->log());
+  REQUIRE(code.has_value());
+  CHECK(*code == 4);
+  std::string detail;
+  for (const auto& j : testing::read_json_lines(r.dir + "/M0/metrics.jsonl"))
+    if (j.value("event", "") == "fenced") detail = j.value("detail", "");
+  CHECK(detail.find("joined the group as instance M0") != std::string::npos);
+
+  r.send({{0, r.delta("a", 0, 2, 1)}});
+  REQUIRE(testing::eventually([&] { return r.merges_of(0).size() == 2; }, 60s));
   r.stop_and_audit(*second);
 }
