@@ -53,6 +53,8 @@ def command(args, rate, mode, seed, run_dir):
            "--run-dir", run_dir, "--no-report"]
     if mode == "sync":
         cmd.append("--sync")
+    if not args.learner_evals:
+        cmd += ["--set", "train.eval_every=0"]  # before --set, which may put it back
     for s in args.set:
         cmd += ["--set", s]
     return cmd
@@ -73,7 +75,9 @@ def summary(args, results, info):
              f"Date: {info['date']} (started), {time.strftime('%a %b %d %H:%M:%S UTC %Y', time.gmtime())} (written)", "",
              f"Machine: `{info['machine']}`, `nproc` = {os.cpu_count()}; commit {info['commit']}", "",
              f"Config `{args.config}`, {args.learners} learners, {args.mergers} merger(s), {args.nodes} broker node(s), "
-             f"{args.seconds:.0f} s per run. Rates (mean seconds up / to repair): "
+             f"{args.seconds:.0f} s per run, learners "
+             + ("running their own evals" if args.learner_evals else "not evaluating (the evaluator process measures the loss)")
+             + ". Rates (mean seconds up / to repair): "
              + "; ".join(f"**{n}**: " + ", ".join(f"{k} {u}/{d}" for k, (u, d) in r.items())
                          + f" (each learner down about {100 * down_share(n):.0f}% of the time)"
                          for n, r in RATES.items() if n in args.rates), "",
@@ -118,6 +122,11 @@ def main():
     p.add_argument("--mergers", type=int, default=1)
     p.add_argument("--nodes", type=int, default=1, choices=(1, 3))
     p.add_argument("--set", action="append", default=[], metavar="K=V", help="config override of every run")
+    p.add_argument("--learner-evals", action="store_true",
+                   help="let every learner run its own held-out evals (train.eval_every of the config). By default "
+                        "they do not, as in bench/quality: the cluster's evaluator process measures the held-out loss "
+                        "of the merged model, and evals on the learners would take their time from training "
+                        "(about 8%% on tiny)")
     p.add_argument("--out", default=os.path.join(ROOT, "bench", "results", time.strftime("chaos-%Y%m%d-%H%M%S")))
     p.add_argument("--resume", action="store_true", help="keep the runs that have a chaos.json")
     args = p.parse_args()
