@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <map>
+#include <memory>
 #include <optional>
 #include <set>
 #include <thread>
@@ -222,20 +223,36 @@ std::vector<std::pair<std::string, int>> Consumer::list_topics(int timeout_ms) {
 
 std::pair<int64_t, int64_t> Consumer::watermarks(const std::string& topic, int32_t partition, int timeout_ms) {
   int64_t low = -1, high = -1;
-  // A topic created a moment ago may not have a leader yet (or the leader moved): retry those
-  // transient answers until the deadline.
+  // A topic created a moment ago may not have a leader yet, or the leader moved (a broker node
+  // killed and restarted): librdkafka then keeps asking the broker its metadata names, whose
+  // answer waits for that broker or says "not leader". Each attempt is short; after a failed one
+  // a metadata request for the topic refreshes the leader before the next, until the deadline.
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
   for (;;) {
-    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
-    RdKafka::ErrorCode err =
-        consumer_->query_watermark_offsets(topic, partition, &low, &high, std::max<int>(1, static_cast<int>(left.count())));
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    const int attempt_ms = std::clamp<int>(static_cast<int>(left.count()), 1, kWatermarkAttemptMs);
+    RdKafka::ErrorCode err = consumer_->query_watermark_offsets(topic, partition, &low, &high, attempt_ms);
     if (!err) break;
-    const bool transient = err == RdKafka::ERR_NOT_LEADER_FOR_PARTITION || err == RdKafka::ERR_LEADER_NOT_AVAILABLE;
+    const bool transient = err == RdKafka::ERR_NOT_LEADER_FOR_PARTITION || err == RdKafka::ERR_LEADER_NOT_AVAILABLE ||
+                           err == RdKafka::ERR__TIMED_OUT || err == RdKafka::ERR__TRANSPORT ||
+                           err == RdKafka::ERR_FENCED_LEADER_EPOCH || err == RdKafka::ERR_UNKNOWN_LEADER_EPOCH;
     if (!transient || std::chrono::steady_clock::now() + std::chrono::milliseconds(100) >= deadline)
       throw Unavailable("watermarks of " + topic + "[" + std::to_string(partition) + "]: " + RdKafka::err2str(err));
+    refresh_metadata(topic, attempt_ms);
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
   return {low, high};
+}
+
+// A metadata request for one topic: its answer replaces librdkafka's cached leaders. Failures are
+// left to the caller's next attempt.
+void Consumer::refresh_metadata(const std::string& topic, int timeout_ms) {
+  std::string error;
+  std::unique_ptr<RdKafka::Topic> handle(RdKafka::Topic::create(consumer_.get(), topic, nullptr, error));
+  if (!handle) return;
+  RdKafka::Metadata* raw = nullptr;
+  consumer_->metadata(false, handle.get(), &raw, timeout_ms);
+  delete raw;
 }
 
 std::optional<int64_t> Consumer::cached_high_watermark(const std::string& topic, int32_t partition) {

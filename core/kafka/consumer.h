@@ -107,6 +107,8 @@ class Consumer {
   std::vector<std::pair<std::string, int>> list_topics(int timeout_ms);
   // (low, high) watermarks, asked of the partition leader (blocks up to timeout_ms).
   std::pair<int64_t, int64_t> watermarks(const std::string& topic, int32_t partition, int timeout_ms);
+  // One attempt of watermarks(): a longer wait is spent on a broker that may no longer lead.
+  static constexpr int kWatermarkAttemptMs = 1000;
   // The high watermark from the last fetch response of an assigned partition, without asking the
   // broker (never blocks); nullopt before the first fetch. What a process in a poll loop reads:
   // a broker round trip per partition in that loop stalls it.
@@ -116,6 +118,7 @@ class Consumer {
   const ConsumerOptions& options() const { return options_; }
 
  private:
+  void refresh_metadata(const std::string& topic, int timeout_ms);
   struct Callbacks;
   ConsumerOptions options_;
   std::unique_ptr<Callbacks> callbacks_;

@@ -79,8 +79,12 @@ std::vector<UnstablePartition> LogReader::wait_until_stable(const std::vector<To
   for (;;) {
     unstable.clear();
     for (const auto& tp : partitions) {
-      const int64_t high = uncommitted_->watermarks(tp.topic, tp.partition, timeout_ms).second;
-      const int64_t stable = consumer_.watermarks(tp.topic, tp.partition, timeout_ms).second;
+      // Every query shares the one deadline (at least a second each, so that a partition whose
+      // query fails says so rather than being reported unstable).
+      const int left = std::max<int>(1000, static_cast<int>(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                              deadline - Clock::now()).count()));
+      const int64_t high = uncommitted_->watermarks(tp.topic, tp.partition, left).second;
+      const int64_t stable = consumer_.watermarks(tp.topic, tp.partition, left).second;
       if (stable < high) unstable.push_back({tp.topic, tp.partition, stable, high});
     }
     if (unstable.empty() || Clock::now() >= deadline) return unstable;
