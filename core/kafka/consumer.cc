@@ -193,12 +193,26 @@ std::vector<TopicPartitionOffset> Consumer::assignment() {
 
 bool Consumer::at_end() const { return ended_.size() >= assigned_count_; }
 
-int Consumer::partition_count(const std::string& topic, int timeout_ms) {
-  RdKafka::Metadata* raw = nullptr;
+namespace {
+
+// A metadata request for one topic. Its answer also replaces librdkafka's cached leaders of the
+// topic, which is what the watermark retry below wants of it.
+RdKafka::ErrorCode topic_metadata(RdKafka::KafkaConsumer& consumer, const std::string& topic, int timeout_ms,
+                                  std::unique_ptr<RdKafka::Metadata>& out) {
   std::string error;
-  std::unique_ptr<RdKafka::Topic> handle(RdKafka::Topic::create(consumer_.get(), topic, nullptr, error));
-  RdKafka::ErrorCode err = consumer_->metadata(false, handle.get(), &raw, timeout_ms);
-  std::unique_ptr<RdKafka::Metadata> metadata(raw);
+  std::unique_ptr<RdKafka::Topic> handle(RdKafka::Topic::create(&consumer, topic, nullptr, error));
+  if (!handle) return RdKafka::ERR__INVALID_ARG;
+  RdKafka::Metadata* raw = nullptr;
+  const RdKafka::ErrorCode err = consumer.metadata(false, handle.get(), &raw, timeout_ms);
+  out.reset(raw);
+  return err;
+}
+
+}  // namespace
+
+int Consumer::partition_count(const std::string& topic, int timeout_ms) {
+  std::unique_ptr<RdKafka::Metadata> metadata;
+  RdKafka::ErrorCode err = topic_metadata(*consumer_, topic, timeout_ms, metadata);
   if (err) throw Unavailable("metadata for " + topic + ": " + RdKafka::err2str(err));
   for (const auto* t : *metadata->topics()) {
     if (t->topic() != topic) continue;
@@ -238,21 +252,11 @@ std::pair<int64_t, int64_t> Consumer::watermarks(const std::string& topic, int32
                            err == RdKafka::ERR_FENCED_LEADER_EPOCH || err == RdKafka::ERR_UNKNOWN_LEADER_EPOCH;
     if (!transient || std::chrono::steady_clock::now() + std::chrono::milliseconds(100) >= deadline)
       throw Unavailable("watermarks of " + topic + "[" + std::to_string(partition) + "]: " + RdKafka::err2str(err));
-    refresh_metadata(topic, attempt_ms);
+    std::unique_ptr<RdKafka::Metadata> refreshed;
+    topic_metadata(*consumer_, topic, attempt_ms, refreshed);  // a failure is the next attempt's to report
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
   return {low, high};
-}
-
-// A metadata request for one topic: its answer replaces librdkafka's cached leaders. Failures are
-// left to the caller's next attempt.
-void Consumer::refresh_metadata(const std::string& topic, int timeout_ms) {
-  std::string error;
-  std::unique_ptr<RdKafka::Topic> handle(RdKafka::Topic::create(consumer_.get(), topic, nullptr, error));
-  if (!handle) return;
-  RdKafka::Metadata* raw = nullptr;
-  consumer_->metadata(false, handle.get(), &raw, timeout_ms);
-  delete raw;
 }
 
 std::optional<int64_t> Consumer::cached_high_watermark(const std::string& topic, int32_t partition) {

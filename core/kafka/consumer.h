@@ -118,7 +118,6 @@ class Consumer {
   const ConsumerOptions& options() const { return options_; }
 
  private:
-  void refresh_metadata(const std::string& topic, int timeout_ms);
   struct Callbacks;
   ConsumerOptions options_;
   std::unique_ptr<Callbacks> callbacks_;

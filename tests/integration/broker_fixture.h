@@ -7,6 +7,7 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <filesystem>
 #include <random>
 #include <string>
 #include <thread>
@@ -16,6 +17,7 @@
 #include "core/kafka/consumer.h"
 #include "core/kafka/options.h"
 #include "core/kafka/topics.h"
+#include "tests/integration/child_process.h"
 
 namespace diloco::testing {
 
@@ -64,5 +66,34 @@ inline RunTopics create_run(const KafkaOptions& options, const std::string& run_
     }
   return RunTopics{run_id};
 }
+
+// A broker of the test's own (folder, ports and node count), for tests that stop or kill broker
+// nodes without disturbing the shared one; stopped and removed when the test ends. Node i of
+// `nodes` listens on port + 2 (i - 1) (scripts/broker).
+struct PrivateBroker {
+  std::string dir;
+  int port;
+  int nodes;
+  PrivateBroker(const std::string& name, int port_, int nodes_ = 1)
+      : dir(temp_dir(name + "-broker")), port(port_), nodes(nodes_) {}
+  PrivateBroker(const PrivateBroker&) = delete;
+  PrivateBroker& operator=(const PrivateBroker&) = delete;
+  ~PrivateBroker() {
+    run("stop");
+    std::filesystem::remove_all(dir);
+  }
+  // scripts/broker with `args`, its output appended to dir/script.log; the exit status.
+  int run(const std::string& args) const {
+    const std::string env = "DILOCO_BROKER_DIR=" + dir + " DILOCO_BROKER_PORT=" + std::to_string(port) +
+                            " KAFKA_HEAP_OPTS='-Xms128m -Xmx512m' ";
+    return std::system((env + DILOCO_SOURCE_DIR "/scripts/broker " + args + " >>" + dir + "/script.log 2>&1").c_str());
+  }
+  int start(const std::string& args) const { return run("start --nodes " + std::to_string(nodes) + " " + args); }
+  std::string servers() const {
+    std::string out;
+    for (int i = 0; i < nodes; ++i) out += (i ? ",127.0.0.1:" : "127.0.0.1:") + std::to_string(port + 2 * i);
+    return out;
+  }
+};
 
 }  // namespace diloco::testing

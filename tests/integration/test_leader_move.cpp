@@ -5,10 +5,8 @@
 // fragments for the whole stable wait. The test runs its own 3-node broker (own folder and ports).
 #include <catch2/catch.hpp>
 
-#include <chrono>
-#include <cstdlib>
-#include <filesystem>
 #include <atomic>
+#include <chrono>
 #include <memory>
 #include <thread>
 
@@ -17,31 +15,11 @@
 #include "core/kafka/consumer.h"
 #include "core/kafka/log_reader.h"
 #include "tests/integration/broker_fixture.h"
-#include "tests/integration/child_process.h"
 
 using namespace diloco;
 using namespace std::chrono_literals;
 
 namespace {
-
-struct ThreeNodes {
-  std::string dir = testing::temp_dir("leader-move-broker");
-  std::string port = "29392";
-  std::string env() const {
-    return "DILOCO_BROKER_DIR=" + dir + " DILOCO_BROKER_PORT=" + port + " KAFKA_HEAP_OPTS='-Xms128m -Xmx384m' ";
-  }
-  int run(const std::string& args) const {
-    return std::system((env() + DILOCO_SOURCE_DIR "/scripts/broker " + args + " >>" + dir + "/script.log 2>&1").c_str());
-  }
-  std::string servers() const {
-    const int p = std::stoi(port);
-    return "127.0.0.1:" + port + ",127.0.0.1:" + std::to_string(p + 2) + ",127.0.0.1:" + std::to_string(p + 4);
-  }
-  ~ThreeNodes() {
-    run("stop");
-    std::filesystem::remove_all(dir);
-  }
-};
 
 // The leader of topic[partition] by a fresh metadata request of `consumer`.
 int32_t leader_of(Consumer& consumer, const std::string& topic, int32_t partition) {
@@ -66,9 +44,9 @@ double seconds_since(std::chrono::steady_clock::time_point t) {
 
 TEST_CASE("watermark queries follow a partition leader that was killed and restarted", "[kafka][faults][three-nodes]") {
   testing::require_broker();  // the shared broker must be up too: its absence is a setup error
-  ThreeNodes broker;
+  testing::PrivateBroker broker("leader-move", 29392, 3);
   const std::string run = testing::unique_run_id("leadermove");
-  REQUIRE(broker.run("start --nodes 3 --run " + run + " --regions r0 --partitions 1") == 0);
+  REQUIRE(broker.start("--run " + run + " --regions r0 --partitions 1") == 0);
   KafkaOptions kafka = testing::broker_options();
   kafka.bootstrap_servers = broker.servers();
   const RunTopics topics{run};

@@ -13,30 +13,13 @@
 using namespace diloco;
 using namespace std::chrono_literals;
 
-namespace {
-
-struct PrivateBroker {
-  std::string dir = testing::temp_dir("outage-broker");
-  std::string port = "29292";
-  std::string env() const { return "DILOCO_BROKER_DIR=" + dir + " DILOCO_BROKER_PORT=" + port + " KAFKA_HEAP_OPTS='-Xmx512m' "; }
-  int run(const std::string& args) const {
-    return std::system((env() + DILOCO_SOURCE_DIR "/scripts/broker " + args + " >>" + dir + "/script.log 2>&1").c_str());
-  }
-  ~PrivateBroker() {
-    run("stop");
-    std::filesystem::remove_all(dir);
-  }
-};
-
-}  // namespace
-
 TEST_CASE("learner trains through a broker outage with bounded memory and publishes again after", "[learner][outage]") {
   testing::require_broker();  // the shared broker must be up too: its absence is a setup error
-  PrivateBroker broker;
+  testing::PrivateBroker broker("outage", 29292);
   std::string run = testing::unique_run_id("outage");
-  REQUIRE(broker.run("start --run " + run + " --regions r0 --partitions 2") == 0);
+  REQUIRE(broker.start("--run " + run + " --regions r0 --partitions 2") == 0);
   KafkaOptions kafka = testing::broker_options();
-  kafka.bootstrap_servers = "127.0.0.1:" + broker.port;
+  kafka.bootstrap_servers = broker.servers();
   RunConfig config = testing::tiny_config(run, {"diloco.H=8"});
   testing::write_genesis(kafka, config, 2);
 
