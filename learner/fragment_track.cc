@@ -33,7 +33,8 @@ void FragmentTrack::count_step(uint64_t tokens) {
   tokens_ += tokens;
 }
 
-CutDelta FragmentTrack::cut(const std::vector<std::vector<float>>& current, DType dtype, uint32_t block_size) {
+CutDelta FragmentTrack::cut(const std::vector<std::vector<float>>& current, DType dtype, uint32_t block_size,
+                           uint32_t topk) {
   if (current.size() != anchor_.size())
     throw InvalidInput(detail::concat("delta: ", current.size(), " tensors, the anchor has ", anchor_.size()));
   CutDelta out{.base_version = version_, .inner_steps = steps_, .tokens = tokens_, .tensors = {}};
@@ -47,7 +48,7 @@ CutDelta FragmentTrack::cut(const std::vector<std::vector<float>>& current, DTyp
                                         anchor.size()));
     delta.resize(anchor.size());
     for (size_t i = 0; i < anchor.size(); ++i) delta[i] = anchor[i] - current[t][i];
-    out.tensors.push_back(last_cut_[t].push(t, anchor_[t].shape, delta, dtype, block_size));
+    out.tensors.push_back(last_cut_[t].push(t, anchor_[t].shape, delta, dtype, block_size, topk));
   }
   sent_on_base_ = true;
   cut_point_ = current;

@@ -43,10 +43,11 @@ class FragmentTrack {
   // One inner step done (every fragment trains at every step).
   void count_step(uint64_t tokens);
 
-  // The outer gradient anchor - current (+ carried residual), quantized; `current` holds the
-  // fragment's parameters now, one flat vector per tensor in layout order. Marks the base as
-  // carrying this learner's progress. Throws InvalidInput on a tensor count or size mismatch.
-  CutDelta cut(const std::vector<std::vector<float>>& current, DType dtype, uint32_t block_size);
+  // The outer gradient anchor - current (+ carried residual), quantized (its topk largest values
+  // per block when topk > 0); `current` holds the fragment's parameters now, one flat vector per
+  // tensor in layout order. Marks the base as carrying this learner's progress. Throws
+  // InvalidInput on a tensor count or size mismatch.
+  CutDelta cut(const std::vector<std::vector<float>>& current, DType dtype, uint32_t block_size, uint32_t topk = 0);
 
   // Adopts a newer version: it becomes the anchor and base, the counters restart at 0 and a wait
   // for a version above the last cut's base ends. Returns what the model's fragment must hold:

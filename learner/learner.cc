@@ -194,7 +194,7 @@ void Learner::publish_delta(uint32_t p, uint64_t step, float loss, bool early) {
   auto& f = fragments_[p];
   if (f.steps() == 0) return;
   const auto& codec = o_.config.codec;
-  CutDelta cut = f.cut(copy_fragment(setup_.model, setup_.layout, p), codec.dtype, codec.block_size);
+  CutDelta cut = f.cut(copy_fragment(setup_.model, setup_.layout, p), codec.dtype, codec.block_size, codec.topk);
   DeltaHeader h;
   h.run_id = o_.config.run.id;
   h.fingerprint = setup_.layout.fingerprint;
@@ -211,8 +211,8 @@ void Learner::publish_delta(uint32_t p, uint64_t step, float loss, bool early) {
   h.learner_step = step;
   h.train_loss = std::isfinite(loss) ? loss : 0.0f;
   h.send_time_us = unix_us();
-  CodecOptions options{.dtype = codec.dtype, .block_size = codec.block_size, .byte_shuffle = codec.byte_shuffle,
-                       .zstd_level = codec.zstd_level};
+  CodecOptions options{.dtype = codec.dtype, .block_size = codec.block_size, .topk = codec.topk,
+                       .byte_shuffle = codec.byte_shuffle, .zstd_level = codec.zstd_level};
   auto bytes = encode_delta(h, std::span<const QuantizedTensor>(cut.tensors), options);
   metrics_.add("deltas_submitted_total", 1);
   metrics_.add("delta_wire_bytes_total", static_cast<double>(bytes.size()));

@@ -190,7 +190,7 @@ MergeRecord merge_checked(FragmentState& state, std::span<const MergeInput> inpu
       for (size_t k = b; k < e; ++k) out[k] = params[k] - previous[k];
       thread_local std::vector<float> scratch;
       feedback_range(q, out.first(n), state.downlink_residual[t].values, std::span<float>(sent.data(), n), b, e,
-                     scratch);
+                     scratch, options.downlink.topk);
       apply_update(before, std::span<const float>(sent.data() + b, len), p);
     });
     if (options.change && quantized) options.change->push_back(std::move(q));

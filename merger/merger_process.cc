@@ -599,6 +599,7 @@ void MergerProcess::publish_update(uint32_t p) {
                         .base_version = f.state.version - 1};
   const CodecOptions codec{.dtype = o_.config.codec.downlink_dtype,
                            .block_size = o_.config.codec.downlink_block_size,
+                           .topk = o_.config.codec.downlink_topk,
                            .byte_shuffle = o_.config.codec.byte_shuffle,
                            .zstd_level = o_.config.codec.zstd_level};
   const std::vector<uint8_t> message = encode_fragment_update(header, f.change, codec);

@@ -36,7 +36,8 @@ OuterHyper outer_hyper(const RunConfig& config) {
 DownlinkCodec downlink_codec(const RunConfig& config) {
   const DType dtype = config.codec.downlink_dtype;
   const bool blocks = dtype == DType::INT8 || dtype == DType::INT4;
-  return {.dtype = dtype, .block_size = blocks ? config.codec.downlink_block_size : 0};
+  return {.dtype = dtype, .block_size = blocks ? config.codec.downlink_block_size : 0,
+          .topk = blocks ? config.codec.downlink_topk : 0};
 }
 
 void account(FragmentState& state, const MergeRecord& record) {

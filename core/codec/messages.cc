@@ -84,7 +84,7 @@ const wire::Delta& open_delta(std::span<const uint8_t> bytes, const DecodeLimits
 // ---- FragmentState --------------------------------------------------------------------------
 
 // Checkpoints are plain fp32: the schema has no codec table to say otherwise.
-constexpr WireCodec kStateCodec{DType::F32, 0, false};
+constexpr WireCodec kStateCodec{.dtype = DType::F32, .block_size = 0, .byte_shuffle = false};
 
 void check_checksum(uint64_t declared, std::span<const DenseTensor> tensors, const char* what) {
   const uint64_t actual = checksum_fp32(tensors);
@@ -150,6 +150,7 @@ void decode_delta(std::span<const uint8_t> bytes, const DecodeLimits& limits, De
   }
   out.dtype = codec.dtype;
   out.block_size = codec.block_size;
+  out.topk = codec.topk;
   out.byte_shuffle = codec.byte_shuffle;
   out.wire_bytes = bytes.size();
 }
@@ -179,7 +180,7 @@ std::vector<uint8_t> finish_fragment_params(flatbuffers::FlatBufferBuilder& fbb,
 
 std::vector<uint8_t> encode_fragment_params(const FragmentParams& msg, int zstd_level) {
   DILOCO_ENFORCE(!msg.update, "encode_fragment_params writes snapshots; updates use encode_fragment_update");
-  const WireCodec codec{DType::F32, 0, true};
+  const WireCodec codec{.dtype = DType::F32, .block_size = 0, .byte_shuffle = true};
   auto& fbb = builder();
   const auto tensors = add_dense(fbb, msg.tensors, codec);
   const uint64_t checksum = msg.checksum ? msg.checksum : checksum_fp32(msg.tensors);

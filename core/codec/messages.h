@@ -24,6 +24,7 @@ inline constexpr uint16_t kSchemaVersion = 1;
 struct CodecOptions {
   DType dtype = DType::INT4;
   uint32_t block_size = 128;  // values per scale for INT8/INT4
+  uint32_t topk = 0;          // INT8/INT4: the tensors keep at most this many values per block (0: all)
   bool byte_shuffle = true;
   int zstd_level = 1;
 };
@@ -76,6 +77,7 @@ struct Delta {
   DeltaHeader header;
   DType dtype = DType::F32;
   uint32_t block_size = 0;
+  uint32_t topk = 0;  // as the sender declared it (CodecOptions::topk); not enforced on the values
   bool byte_shuffle = false;
   std::vector<DenseTensor> tensors;  // dequantized to fp32 (empty when `quantized` holds them)
   // DeltaValues::AsSent and an INT8 or INT4 delta: the tensors as they travelled (payload and
@@ -140,6 +142,7 @@ FragmentParams apply_fragment_update(const FragmentParams& held, const FragmentP
 struct DownlinkCodec {
   DType dtype = DType::F32;  // F32: snapshots only; otherwise updates quantized this way
   uint32_t block_size = 0;   // INT8 / INT4 only
+  uint32_t topk = 0;         // values sent per block, the largest (0: all; quantize_with_feedback)
   bool operator==(const DownlinkCodec&) const = default;
 };
 

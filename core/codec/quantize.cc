@@ -250,7 +250,39 @@ void subtract_from(const float* __restrict a, size_t n, float* __restrict inout)
   for (; i < n; ++i) inout[i] = a[i] - inout[i];
 }
 
+// Zeroes all but the `keep` values of largest magnitude of x[0, n) (keep < n), in place. Magnitudes
+// are compared as float bits without the sign, a total order in which NaN is largest (its block
+// then gets a NaN scale, as without top-k). Of equal magnitudes the first ones are kept.
+void keep_largest(float* x, size_t n, size_t keep, std::vector<uint32_t>& bits) {
+  bits.resize(n);
+  for (size_t i = 0; i < n; ++i) bits[i] = std::bit_cast<uint32_t>(x[i]) & kAbsMask;
+  std::nth_element(bits.begin(), bits.begin() + static_cast<std::ptrdiff_t>(n - keep), bits.end());
+  const uint32_t threshold = bits[n - keep];  // the keep-th largest magnitude
+  size_t above = 0;
+  for (size_t i = 0; i < n; ++i) above += (std::bit_cast<uint32_t>(x[i]) & kAbsMask) > threshold;
+  size_t ties = keep - above;  // values equal to the threshold that are kept, first ones first
+  for (size_t i = 0; i < n; ++i) {
+    const uint32_t a = std::bit_cast<uint32_t>(x[i]) & kAbsMask;
+    if (a > threshold) continue;
+    if (a == threshold && ties > 0) {
+      --ties;
+      continue;
+    }
+    x[i] = 0.0f;
+  }
+}
+
 }  // namespace
+
+void check_topk(DType dtype, uint32_t block_size, uint32_t topk, const char* what) {
+  if (topk == 0) return;
+  if (dtype != DType::INT8 && dtype != DType::INT4)
+    throw InvalidInput(detail::concat(what, " = ", topk, " needs an int8 or int4 codec, not ", dtype_name(dtype),
+                                      " (0 sends every value)"));
+  if (topk >= block_size)
+    throw InvalidInput(detail::concat(what, " = ", topk, " keeps that many values of each block of ", block_size,
+                                      ": it must be below the block size (0 sends every value)"));
+}
 
 const char* dtype_name(DType dtype) {
   switch (dtype) {
@@ -371,17 +403,22 @@ size_t feedback_alignment(DType dtype, uint32_t block_size) {
 }
 
 void feedback_range(QuantizedTensor& q, std::span<const float> delta, std::span<float> residual_all,
-                    std::span<float> sent, size_t begin, size_t end, std::vector<float>& scratch) {
+                    std::span<float> sent, size_t begin, size_t end, std::vector<float>& scratch,
+                    uint32_t topk) {
   const size_t n = delta.size();
   const size_t align = feedback_alignment(q.dtype, q.block_size);
   DILOCO_ENFORCE(begin % align == 0 && begin <= end && end <= n && static_cast<int64_t>(n) == q.numel() &&
                      residual_all.size() == n && (sent.empty() || sent.size() == n),
                  "feedback_range [", begin, ", ", end, ") of ", n, " values does not fit");
+  check_topk(q.dtype, q.block_size, topk, "top-k");
   // Cache-sized segments of whole blocks (an even number of them, so that an INT4 segment starts
-  // on a byte): x = delta + residual, send quantize(x), keep x - dequantize(sent).
+  // on a byte): x = delta + residual, send quantize(x) (of its top-k per block), keep
+  // x - dequantize(sent).
   const size_t block = q.block_size ? q.block_size : 1;
   const size_t segment = std::max<size_t>(1, 8192 / (2 * block)) * 2 * block;
-  scratch.resize(std::min(segment, end - begin));
+  const size_t scratch_len = std::min(segment, end - begin);
+  scratch.resize(topk ? 2 * scratch_len : scratch_len);
+  thread_local std::vector<uint32_t> magnitudes;
   for (size_t s = begin; s < end; s += segment) {
     const size_t len = std::min(segment, end - s);
     const size_t first_block = q.block_size ? s / block : 0;
@@ -393,7 +430,17 @@ void feedback_range(QuantizedTensor& q, std::span<const float> delta, std::span<
     const std::span<uint8_t> payload(q.payload.data() + first_byte, bytes);
     const std::span<float> residual(residual_all.data() + s, len);
     add(delta.data() + s, residual.data(), len, x.data());
-    quantize_into(x, q.dtype, q.block_size, scales, payload);
+    std::span<const float> quantized = x;
+    if (topk) {
+      const std::span<float> kept(scratch.data() + scratch_len, len);
+      std::copy(x.begin(), x.end(), kept.begin());
+      for (size_t b = 0; b < len; b += block) {
+        const size_t m = std::min(block, len - b);
+        if (m > topk) keep_largest(kept.data() + b, m, topk, magnitudes);
+      }
+      quantized = kept;
+    }
+    quantize_into(quantized, q.dtype, q.block_size, scales, payload);
     dequantize_into(q.dtype, q.block_size, scales, payload, residual);
     if (!sent.empty()) std::copy(residual.begin(), residual.end(), sent.begin() + static_cast<std::ptrdiff_t>(s));
     subtract_from(x.data(), len, residual.data());
@@ -403,7 +450,7 @@ void feedback_range(QuantizedTensor& q, std::span<const float> delta, std::span<
 QuantizedTensor quantize_with_feedback(uint32_t index, std::vector<int64_t> shape,
                                        std::span<const float> delta, std::span<float> residual,
                                        DType dtype, uint32_t block_size, std::vector<float>& scratch,
-                                       std::span<float> sent) {
+                                       std::span<float> sent, uint32_t topk) {
   const size_t n = delta.size();
   if (static_cast<size_t>(checked_numel(shape)) != n)
     throw InvalidInput(detail::concat("error feedback: shape does not hold ", n, " values"));
@@ -414,15 +461,15 @@ QuantizedTensor quantize_with_feedback(uint32_t index, std::vector<int64_t> shap
     throw InvalidInput(detail::concat("error feedback: delta of ", n, " values, output of ",
                                       sent.size()));
   QuantizedTensor q = feedback_result(index, std::move(shape), dtype, block_size);
-  feedback_range(q, delta, residual, sent, 0, n, scratch);
+  feedback_range(q, delta, residual, sent, 0, n, scratch, topk);
   return q;
 }
 
 QuantizedTensor ErrorFeedback::push(uint32_t index, std::vector<int64_t> shape,
                                     std::span<const float> delta, DType dtype,
-                                    uint32_t block_size) {
+                                    uint32_t block_size, uint32_t topk) {
   if (residual_.empty()) residual_.assign(delta.size(), 0.0f);
-  return quantize_with_feedback(index, std::move(shape), delta, residual_, dtype, block_size, scratch_);
+  return quantize_with_feedback(index, std::move(shape), delta, residual_, dtype, block_size, scratch_, {}, topk);
 }
 
 void apply_update(std::span<const float> base, std::span<const float> update, std::span<float> out) {

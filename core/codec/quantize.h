@@ -55,10 +55,19 @@ void dequantize_into(DType dtype, uint32_t block_size, std::span<const float> sc
 // Error feedback on caller-owned memory: quantizes x = delta + residual, leaves
 // x - dequantize(result) in `residual` and, when `sent` is not empty (n values), dequantize(result)
 // in `sent`. `scratch` is reused between calls. ErrorFeedback::push is this on its own residual.
+//
+// Top-k: with topk > 0 (INT8/INT4 only, below block_size) only the topk values of largest
+// magnitude in each block are quantized; the others are sent as 0 and stay whole in the residual
+// until they grow large enough to be sent (SparseLoCo, arXiv 2508.15706). The result is an
+// ordinary dense tensor whose zeros zstd removes, so readers need not know. Ties are broken by
+// position (the first ones are kept), so the result is deterministic. See check_topk.
 QuantizedTensor quantize_with_feedback(uint32_t index, std::vector<int64_t> shape,
                                        std::span<const float> delta, std::span<float> residual,
                                        DType dtype, uint32_t block_size, std::vector<float>& scratch,
-                                       std::span<float> sent = {});
+                                       std::span<float> sent = {}, uint32_t topk = 0);
+
+// Throws InvalidInput naming `what` unless topk is 0, or dtype is INT8/INT4 and 0 < topk < block_size.
+void check_topk(DType dtype, uint32_t block_size, uint32_t topk, const char* what);
 
 // quantize_with_feedback in pieces, for callers that share one tensor between threads:
 // feedback_result sizes the result (scales and payload, no values yet); feedback_range fills
@@ -68,7 +77,8 @@ QuantizedTensor quantize_with_feedback(uint32_t index, std::vector<int64_t> shap
 QuantizedTensor feedback_result(uint32_t index, std::vector<int64_t> shape, DType dtype, uint32_t block_size);
 size_t feedback_alignment(DType dtype, uint32_t block_size);
 void feedback_range(QuantizedTensor& q, std::span<const float> delta, std::span<float> residual,
-                    std::span<float> sent, size_t begin, size_t end, std::vector<float>& scratch);
+                    std::span<float> sent, size_t begin, size_t end, std::vector<float>& scratch,
+                    uint32_t topk = 0);
 
 // out = base + update, element by element in fp32 (out may be base). The one definition of how a
 // parameter update is applied: the merger computes a new version with it and every subscriber
@@ -83,9 +93,10 @@ class ErrorFeedback {
   ErrorFeedback() = default;
   explicit ErrorFeedback(int64_t numel) : residual_(static_cast<size_t>(numel), 0.0f) {}
 
-  // Quantizes delta + residual and keeps (delta + residual) - dequantize(result) as residual.
+  // Quantizes delta + residual (its topk largest values per block, when topk > 0) and keeps
+  // (delta + residual) - dequantize(result) as residual.
   QuantizedTensor push(uint32_t index, std::vector<int64_t> shape, std::span<const float> delta,
-                       DType dtype, uint32_t block_size);
+                       DType dtype, uint32_t block_size, uint32_t topk = 0);
   std::span<const float> residual() const { return residual_; }
   void reset() { std::fill(residual_.begin(), residual_.end(), 0.0f); }
 

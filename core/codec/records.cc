@@ -135,7 +135,8 @@ std::vector<uint8_t> encode_merge_record(const MergeRecord& msg, int zstd_level)
   const auto downlink =
       msg.downlink.dtype == DType::F32
           ? flatbuffers::Offset<wire::Codec>()
-          : add_codec(fbb, codec_of({.dtype = msg.downlink.dtype, .block_size = msg.downlink.block_size}));
+          : add_codec(fbb, codec_of({.dtype = msg.downlink.dtype, .block_size = msg.downlink.block_size,
+                                     .topk = msg.downlink.topk}));
   const auto root = wire::CreateMergeRecord(
       fbb, kSchemaVersion, run_id, msg.fingerprint, msg.fragment, msg.version, msg.prev_version,
       inputs_vector, dropped_vector, static_cast<wire::MergeRule>(msg.rule),
@@ -205,7 +206,7 @@ MergeRecord decode_merge_record(std::span<const uint8_t> bytes, const DecodeLimi
   }
   if (m.downlink()) {
     const WireCodec c = check_codec(m.downlink());
-    out.downlink = {.dtype = c.dtype, .block_size = c.block_size};
+    out.downlink = {.dtype = c.dtype, .block_size = c.block_size, .topk = c.topk};
   }
   out.norm_block = m.norm_block();
   if (!valid_norm_block(out.norm_block))

@@ -247,6 +247,8 @@ WireCodec codec_of(const CodecOptions& options) {
         throw InvalidInput(detail::concat("codec: block size ", options.block_size,
                                           " not in [1, ", kMaxBlockSize, "]"));
       c.block_size = options.block_size;
+      check_topk(options.dtype, options.block_size, options.topk, "codec: topk");
+      c.topk = options.topk;
       break;
     default:
       throw InvalidInput(detail::concat("codec: unknown dtype ", static_cast<int>(options.dtype)));
@@ -256,7 +258,7 @@ WireCodec codec_of(const CodecOptions& options) {
 
 flatbuffers::Offset<wire::Codec> add_codec(flatbuffers::FlatBufferBuilder& fbb,
                                            const WireCodec& c) {
-  return wire::CreateCodec(fbb, static_cast<wire::DType>(c.dtype), c.block_size, c.byte_shuffle);
+  return wire::CreateCodec(fbb, static_cast<wire::DType>(c.dtype), c.block_size, c.byte_shuffle, c.topk);
 }
 
 flatbuffers::Offset<TensorVector> add_dense(flatbuffers::FlatBufferBuilder& fbb,
@@ -351,6 +353,10 @@ WireCodec check_codec(const wire::Codec* codec) {
     reject(RejectReason::BadCodec,
            detail::concat(dtype_name(c.dtype), ": block size ", block, ", expected 0"));
   }
+  c.topk = codec->topk();
+  if (c.topk != 0 && c.topk >= c.block_size)  // also rejects topk with F32 and BF16 (block size 0)
+    reject(RejectReason::BadCodec, detail::concat(dtype_name(c.dtype), ": topk ", c.topk, " with block size ",
+                                                  c.block_size, " (it must be below the block size, or 0)"));
   return c;
 }
 

@@ -23,6 +23,7 @@ struct WireCodec {
   DType dtype = DType::F32;
   uint32_t block_size = 0;  // INT8/INT4 only, 0 otherwise
   bool byte_shuffle = false;
+  uint32_t topk = 0;        // INT8/INT4 only, below block_size; 0: every value may be sent
 };
 
 inline constexpr uint32_t kMaxBlockSize = 1u << 20;

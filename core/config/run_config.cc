@@ -8,6 +8,7 @@
 #include <fstream>
 #include <limits>
 #include <sstream>
+#include <tuple>
 
 #include "core/errors.h"
 
@@ -186,10 +187,12 @@ void parse_codec(const Section& s, RunConfig& c) {
     const Field f = s.field(key, node);
     if (key == "dtype") read(f, c.codec.dtype);
     else if (key == "block_size") read(f, c.codec.block_size);
+    else if (key == "topk") read(f, c.codec.topk);
     else if (key == "byte_shuffle") read(f, c.codec.byte_shuffle);
     else if (key == "zstd_level") read(f, c.codec.zstd_level);
     else if (key == "downlink_dtype") read(f, c.codec.downlink_dtype);
     else if (key == "downlink_block_size") read(f, c.codec.downlink_block_size);
+    else if (key == "downlink_topk") read(f, c.codec.downlink_topk);
     else if (key == "chunk_bytes") read(f, c.codec.chunk_bytes);
     else unknown_key(f);
   }
@@ -405,6 +408,15 @@ void validate_run_config(const RunConfig& c) {
   check(c.codec.block_size >= 1, c, "codec.block_size must be at least 1");
   check(c.codec.downlink_block_size >= 1 && c.codec.downlink_block_size <= (1u << 20), c,
         "codec.downlink_block_size must be between 1 and 1048576");
+  for (const auto& [topk, dtype, block, key] :
+       {std::tuple{c.codec.topk, c.codec.dtype, c.codec.block_size, "codec.topk"},
+        std::tuple{c.codec.downlink_topk, c.codec.downlink_dtype, c.codec.downlink_block_size, "codec.downlink_topk"}}) {
+    try {
+      check_topk(dtype, block, topk, key);
+    } catch (const InvalidInput& e) {
+      throw InvalidInput(detail::concat(c.source, ": ", e.what()));
+    }
+  }
   check(c.codec.chunk_bytes >= 4096 && c.codec.chunk_bytes <= (1ull << 30), c,
         "codec.chunk_bytes must be between 4096 and 1073741824 (1 GiB)");
   check(c.codec.zstd_level >= 1 && c.codec.zstd_level <= 22, c,

@@ -71,6 +71,10 @@ struct DilocoConfig {
 struct CodecConfig {
   DType dtype = DType::INT4;  // of outer gradients on the wire
   uint32_t block_size = 64;   // values per quantization scale (int8/int4)
+  // Top-k with error feedback: only the topk values of largest magnitude of each block travel, the
+  // rest stays in the learner's residual until it is large enough (0: every value; int8/int4
+  // only, below block_size). The wire format does not change: the zeros cost zstd almost nothing.
+  uint32_t topk = 0;
   bool byte_shuffle = true;
   int zstd_level = 3;
   // How new global versions travel from mergers to learners: fp32 snapshots, or updates (the
@@ -78,6 +82,7 @@ struct CodecConfig {
   // global parameters are defined as what a learner reconstructs, so checksums stay exact.
   DType downlink_dtype = DType::INT4;
   uint32_t downlink_block_size = 64;
+  uint32_t downlink_topk = 0;  // the same top-k for updates, the rest kept by the merger's residual
   // A message larger than this travels as pieces of at most this many bytes, all-or-nothing
   // (core/codec/chunk.h); it must fit one Kafka record with the chunk framing (checked at start).
   uint64_t chunk_bytes = 4ull << 20;

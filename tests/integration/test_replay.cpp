@@ -131,7 +131,13 @@ TEST_CASE("diloco-replay verifies, rebuilds, lists and re-merges a run whose mer
   const std::vector<std::string> regions = {"r0", "r1"};
   RunTopics topics = testing::create_run(kafka, run, regions, 2);
   const std::string dir = testing::temp_dir("replay");
-  const std::vector<std::string> sets = {"train.eval_every=0", "merger.checkpoint_every=3"};
+  // Sparse deltas and sparse updates (top-k with error feedback both ways, as configs/demo.toml
+  // sends deltas): the merge record names the downlink's top-k, and every version must rebuild
+  // from it bit for bit, through a recovery, verify and remerge.
+  const std::vector<std::string> sets = {"train.eval_every=0",        "merger.checkpoint_every=3",
+                                         "codec.block_size=1024",     "codec.topk=96",
+                                         "codec.downlink_block_size=1024", "codec.downlink_topk=256",
+                                         "merger.optimizer=sgd",      "merger.outer_lr=2.0"};
   RunConfig config = testing::tiny_config(run, sets);
   std::vector<std::string> set_args = {"--set", "run.id=\"" + run + "\""};
   for (const auto& s : sets) set_args.insert(set_args.end(), {"--set", s});
@@ -305,7 +311,7 @@ TEST_CASE("diloco-replay verifies, rebuilds, lists and re-merges a run whose mer
   {
     // remerge with the run's settings reproduces every final checksum; other settings do not.
     Outcome same = run_replay(dir, common, {"remerge", "--rule", "rda", "--alpha", "0", "--quorum", "1", "--outer-lr",
-                                            "0.7", "--momentum", "0.9", "--optimizer", "nesterov", "--json"});
+                                            "2.0", "--momentum", "0.9", "--optimizer", "sgd", "--json"});
     REQUIRE(same.code == 0);
     auto docs = same.json();
     REQUIRE(docs.size() == 1);

@@ -49,10 +49,12 @@ wait_timeout_seconds = 12.5
 [codec]
 dtype = "int8"
 block_size = 32
+topk = 3
 byte_shuffle = false
 zstd_level = 5
-downlink_dtype = "bf16"
+downlink_dtype = "int8"
 downlink_block_size = 32
+downlink_topk = 5
 chunk_bytes = 65536
 [data]
 path = "data/other.txt"
@@ -104,7 +106,7 @@ TEST_CASE("run_config_json prints every field under its TOML name, and --set of 
       apply_override(rebuilt, section + "." + key + "=" + toml_literal(value));
       ++fields;
     }
-  CHECK(fields == 59);  // the keys the parser knows (core/config/run_config.cc)
+  CHECK(fields == 61);  // the keys the parser knows (core/config/run_config.cc)
   CHECK(run_config_json(rebuilt) == printed);
   CHECK(printed["train"]["batch"] == 5);
   CHECK(printed["codec"]["dtype"] == "int8");

@@ -496,7 +496,7 @@ TEST_CASE("with a quantized downlink the new version is the previous one plus wh
 
   MergeOptions o = options();
   std::vector<QuantizedTensor> change;
-  o.downlink = {.dtype = DType::INT4, .block_size = 4};
+  o.downlink = {.dtype = DType::INT4, .block_size = 4, .topk = GENERATE(0u, 1u)};  // also top-k: one value of 4
   o.change = &change;
   FragmentState next;
   const MergeRecord record = merge_step(current, inputs_of(deltas), o, next);
@@ -545,12 +545,13 @@ TEST_CASE("merge_step_in_place gives merge_step's bits for every rule, optimizer
   const OuterOptimizerKind optimizers[] = {OuterOptimizerKind::Nesterov, OuterOptimizerKind::Sgd,
                                            OuterOptimizerKind::DelayedNesterov, OuterOptimizerKind::Cgad};
   const DownlinkCodec downlinks[] = {{.dtype = DType::F32, .block_size = 0}, {.dtype = DType::INT4, .block_size = 4},
-                                     {.dtype = DType::INT8, .block_size = 3}};
+                                     {.dtype = DType::INT8, .block_size = 3},
+                                     {.dtype = DType::INT4, .block_size = 4, .topk = 1}};
   for (MergeRule rule : rules)
     for (OuterOptimizerKind optimizer : optimizers)
       for (const DownlinkCodec& downlink : downlinks) {
         INFO("rule " << static_cast<int>(rule) << " optimizer " << static_cast<int>(optimizer) << " downlink "
-                     << dtype_name(downlink.dtype));
+                     << dtype_name(downlink.dtype) << " topk " << downlink.topk);
         std::mt19937 rng(41);
         FragmentState copied = genesis(rng), in_place = copied, spare;
         MergeOptions o = options(rule, optimizer);
@@ -630,12 +631,13 @@ TEST_CASE("a merge has the same bits on 1 thread as on N, for every rule, optimi
   const DownlinkCodec downlinks[] = {{.dtype = DType::F32, .block_size = 0},
                                      {.dtype = DType::INT4, .block_size = 64},
                                      {.dtype = DType::INT8, .block_size = 1'000},  // not a divisor of 2^16
-                                     {.dtype = DType::BF16, .block_size = 0}};
+                                     {.dtype = DType::BF16, .block_size = 0},
+                                     {.dtype = DType::INT4, .block_size = 1'024, .topk = 100}};
   for (MergeRule rule : {MergeRule::RadialDirectional, MergeRule::WeightedAverage})
     for (OuterOptimizerKind optimizer : optimizers)
       for (const DownlinkCodec& downlink : downlinks) {
         INFO("rule " << static_cast<int>(rule) << " optimizer " << static_cast<int>(optimizer) << " downlink "
-                     << dtype_name(downlink.dtype));
+                     << dtype_name(downlink.dtype) << " topk " << downlink.topk);
         MergeOptions o = options(rule, optimizer);
         o.tensors = layout;
         o.downlink = downlink;

@@ -136,6 +136,7 @@ struct RawDelta {
   bool has_codec = true;
   uint8_t dtype = 2;  // INT8
   uint32_t block_size = 2;
+  uint32_t topk = 0;
   bool byte_shuffle = false;
   std::optional<std::vector<RawTensor>> tensors = std::vector<RawTensor>{
       {0, std::vector<int64_t>{2, 2}, std::vector<float>{0.5f, 0.25f},
@@ -157,7 +158,7 @@ std::vector<uint8_t> build_flatbuffer(const RawDelta& r) {
   }
   const auto codec_table =
       r.has_codec ? wire::CreateCodec(fbb, static_cast<wire::DType>(r.dtype), r.block_size,
-                                      r.byte_shuffle)
+                                      r.byte_shuffle, r.topk)
                   : 0;
   const auto run_id = r.run_id ? fbb.CreateString(*r.run_id) : 0;
   const auto learner_id = r.learner_id ? fbb.CreateString(*r.learner_id) : 0;
@@ -291,6 +292,32 @@ TEST_CASE("Delta of error-feedback tensors decodes to exactly what was quantized
     dequantize(quantized[k], want);
     CHECK(d.tensors[k].values == want);
   }
+}
+
+TEST_CASE("Delta of top-k tensors: declared, decoded as sent, and smaller on the wire", "[codec][messages][topk]") {
+  const auto layout = make_layout();
+  const auto tensors = dense_fragment(layout, 0, 13);
+  std::vector<QuantizedTensor> dense, sparse;
+  for (const auto& t : tensors) {
+    ErrorFeedback a(static_cast<int64_t>(t.values.size())), b(static_cast<int64_t>(t.values.size()));
+    dense.push_back(a.push(t.index, t.shape, t.values, DType::INT4, 8));
+    sparse.push_back(b.push(t.index, t.shape, t.values, DType::INT4, 8, 1));
+  }
+  CodecOptions options = codec(DType::INT4, false, 8);
+  const auto dense_bytes = encode_delta(make_header(0), std::span<const QuantizedTensor>(dense), options);
+  options.topk = 1;
+  const auto sparse_bytes = encode_delta(make_header(0), std::span<const QuantizedTensor>(sparse), options);
+  const Delta d = decode_delta(sparse_bytes, limits_for(layout));
+  CHECK(d.topk == 1);
+  CHECK(decode_delta(dense_bytes, limits_for(layout)).topk == 0);
+  for (size_t k = 0; k < sparse.size(); ++k) {
+    std::vector<float> want(tensors[k].values.size());
+    dequantize(sparse[k], want);
+    CHECK(d.tensors[k].values == want);
+  }
+  CHECK(sparse_bytes.size() < dense_bytes.size());
+  options.topk = 8;  // not below the block size
+  CHECK_THROWS_AS(encode_delta(make_header(0), std::span<const QuantizedTensor>(sparse), options), InvalidInput);
 }
 
 TEST_CASE("DeltaValues::AsSent keeps int8 and int4 tensors as they travelled, fp32 and bf16 decoded",
@@ -620,7 +647,7 @@ TEST_CASE("MergeRecord round trip of the outer optimizers' settings and the stal
     CHECK(got.downlink == DownlinkCodec{});  // fp32, the default
   }
   for (const DownlinkCodec downlink : {DownlinkCodec{DType::INT4, 64}, DownlinkCodec{DType::INT8, 128},
-                                       DownlinkCodec{DType::BF16, 0}}) {
+                                       DownlinkCodec{DType::BF16, 0}, DownlinkCodec{DType::INT4, 4096, 64}}) {
     msg.downlink = downlink;
     CHECK(decode_merge_record(encode_merge_record(msg), limits_for(layout)).downlink == downlink);
   }
@@ -1058,6 +1085,18 @@ TEST_CASE("rejected: codec", "[codec][reject]") {
   SECTION("codec missing") {
     r.has_codec = false;
     CHECK_REJECTS(decode_both(build(r), limits), MissingField);
+  }
+  SECTION("topk not below the block size, or with fp32") {
+    r.topk = 1;
+    CHECK_NOTHROW(decode_both(build(r), limits));
+    r.topk = 2;
+    CHECK_REJECTS(decode_both(build(r), limits), BadCodec);
+    r.dtype = 0;
+    r.block_size = 0;
+    r.topk = 1;
+    t.scales.reset();
+    t.payload = std::vector<uint8_t>(16);
+    CHECK_REJECTS(decode_both(build(r), limits), BadCodec);
   }
 }
 

@@ -307,3 +307,98 @@ TEST_CASE("error feedback checks sizes and starts empty", "[codec][quantize][fee
   CHECK(out == delta);
   for (float r : exact.residual()) CHECK(r == 0.0f);
 }
+
+TEST_CASE("top-k sends only the largest values of each block and carries the rest",
+          "[codec][quantize][feedback][topk]") {
+  const auto dtype = GENERATE(DType::INT4, DType::INT8);
+  const uint32_t block = GENERATE(64u, 100u);
+  const uint32_t topk = GENERATE(1u, 5u);
+  constexpr size_t n = 1000;  // the last block is shorter (1000 % 64 = 40, 1000 % 100 = 0)
+  const auto delta = gaussian(n, 0.01f, 21);
+  ErrorFeedback feedback(n);
+  const QuantizedTensor q = feedback.push(0, {n}, delta, dtype, block, topk);
+  std::vector<float> sent(n);
+  dequantize(q, sent);
+  for (size_t b = 0; b < n; b += block) {
+    const size_t end = std::min(n, b + size_t{block});
+    // Every value sent is one of the topk largest of its block: no value left out is larger than
+    // the smallest one that went.
+    size_t nonzero = 0;
+    float smallest_sent = INFINITY, largest_held = 0;
+    for (size_t i = b; i < end; ++i) {
+      if (sent[i] != 0.0f) {
+        ++nonzero;
+        smallest_sent = std::min(smallest_sent, std::fabs(delta[i]));
+      } else {
+        largest_held = std::max(largest_held, std::fabs(delta[i]));
+      }
+    }
+    INFO(dtype_name(dtype) << " block " << block << " topk " << topk << " at " << b);
+    CHECK(nonzero <= topk);
+    CHECK(nonzero >= 1);  // the largest value of a block quantizes to the largest level
+    CHECK(largest_held <= smallest_sent);
+  }
+  // Nothing is lost: what was not sent is exactly in the residual.
+  for (size_t i = 0; i < n; ++i) CHECK(std::fabs(delta[i] - sent[i] - feedback.residual()[i]) < 1e-7f);
+}
+
+TEST_CASE("top-k with error feedback: every value is sent in time", "[codec][quantize][feedback][topk]") {
+  // 16 values per block, 2 sent per push: a value held back grows by its delta every push until
+  // it is among the largest, so the sums of sent and true deltas stay within a few pushes.
+  constexpr size_t n = 64;
+  std::vector<float> delta(n);
+  for (size_t i = 0; i < n; ++i) delta[i] = 0.001f * static_cast<float>(1 + i % 16);
+  ErrorFeedback feedback(n);
+  std::vector<double> sent_sum(n, 0.0);
+  std::vector<float> sent(n);
+  constexpr int pushes = 400;
+  for (int push = 0; push < pushes; ++push) {
+    dequantize(feedback.push(0, {n}, delta, DType::INT8, 16, 2), sent);
+    for (size_t i = 0; i < n; ++i) sent_sum[i] += sent[i];
+  }
+  for (size_t i = 0; i < n; ++i) {
+    INFO("value " << i);
+    CHECK(sent_sum[i] > 0);
+    // Owed = residual, and the residual stays bounded (about 8 pushes' worth of the largest delta).
+    CHECK(std::fabs(pushes * delta[i] - sent_sum[i] - feedback.residual()[i]) < 1e-3);
+    CHECK(std::fabs(feedback.residual()[i]) < 0.016f * 9);
+  }
+}
+
+TEST_CASE("top-k: ties keep the first values, a NaN is kept, ranges give the same bits",
+          "[codec][quantize][feedback][topk]") {
+  std::vector<float> ties(8, 1.0f);
+  ErrorFeedback feedback(8);
+  std::vector<float> sent(8);
+  dequantize(feedback.push(0, {8}, ties, DType::INT4, 8, 3), sent);
+  for (size_t i = 0; i < 8; ++i) CHECK((sent[i] != 0.0f) == (i < 3));
+
+  std::vector<float> with_nan(8, 0.5f);
+  with_nan[6] = NAN;
+  std::vector<float> residual(8), scratch;
+  const QuantizedTensor bad = quantize_with_feedback(0, {8}, with_nan, residual, DType::INT4, 8, scratch, {}, 1);
+  CHECK_FALSE(std::isfinite(bad.scales[0]));  // as without top-k: decoders reject the block
+
+  constexpr size_t n = 6 * 64;
+  const auto delta = gaussian(n, 0.02f, 5);
+  std::vector<float> whole_residual(n, 0.0f), split_residual(n, 0.0f), whole_sent(n), split_sent(n);
+  const QuantizedTensor whole =
+      quantize_with_feedback(0, {n}, delta, whole_residual, DType::INT4, 64, scratch, whole_sent, 4);
+  QuantizedTensor split = feedback_result(0, {n}, DType::INT4, 64);
+  feedback_range(split, delta, split_residual, split_sent, 256, n, scratch, 4);
+  feedback_range(split, delta, split_residual, split_sent, 0, 256, scratch, 4);
+  CHECK(split.payload == whole.payload);
+  CHECK(split.scales == whole.scales);
+  CHECK(split_residual == whole_residual);
+  CHECK(split_sent == whole_sent);
+}
+
+TEST_CASE("top-k is refused where it has no meaning", "[codec][quantize][topk]") {
+  CHECK_NOTHROW(check_topk(DType::F32, 0, 0, "codec.topk"));
+  CHECK_NOTHROW(check_topk(DType::INT4, 64, 63, "codec.topk"));
+  CHECK_THROWS_WITH(check_topk(DType::INT4, 64, 64, "codec.topk"), Catch::Contains("below the block size"));
+  CHECK_THROWS_WITH(check_topk(DType::F32, 0, 4, "codec.topk"), Catch::Contains("int8 or int4"));
+  CHECK_THROWS_WITH(check_topk(DType::BF16, 0, 4, "codec.downlink_topk"), Catch::Contains("codec.downlink_topk"));
+  std::vector<float> delta(16, 1.0f), residual(16), scratch;
+  CHECK_THROWS_AS(quantize_with_feedback(0, {16}, delta, residual, DType::INT8, 16, scratch, {}, 16), InvalidInput);
+}

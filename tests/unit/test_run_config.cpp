@@ -166,6 +166,9 @@ TEST_CASE("validation checks ranges and constraints between fields", "[config]")
   CHECK_THROWS_WITH(invalid("codec.downlink_block_size=0"), Contains("codec.downlink_block_size must be between 1"));
   CHECK_THROWS_WITH(invalid("codec.downlink_block_size=2000000"), Contains("codec.downlink_block_size"));
   CHECK_THROWS_WITH(invalid("codec.chunk_bytes=100"), Contains("codec.chunk_bytes must be between 4096"));
+  CHECK_THROWS_WITH(invalid("codec.topk=64"), Contains("codec.topk") && Contains("below the block size"));
+  CHECK_THROWS_WITH(invalid("codec.downlink_topk=64"), Contains("codec.downlink_topk") && Contains("below the block size"));
+  CHECK_NOTHROW(invalid("codec.topk=63"));
   CHECK_NOTHROW(invalid("codec.chunk_bytes=4096"));
 }
 
