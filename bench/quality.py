@@ -4,7 +4,7 @@ same number of inner steps per learner, with fixed seeds.
 
 Run by bench/quality with Debian's /usr/bin/python3 (standard library and python3-matplotlib).
 
-    bench/quality --quick                       # M=2, one seed, seven rows, S=400 (6 minutes on a loaded 2-core machine)
+    bench/quality --quick                       # M=2, one seed, eight rows, S=400 (7 minutes on a loaded 2-core machine)
     bench/quality                               # M=2,4, seeds 1,2,3 for the headline rows
     bench/quality --rows "one learner,sync DiLoCo (fp32)" --m 2 --steps 100 --seeds 1
     bench/quality --decoupled-set diloco.cut_on_arrival=0.5 --set merger.grace_cap_steps=3
@@ -59,6 +59,15 @@ def decoupled_name(optimizer):
     return f"Decoupled K=1+grace (int4, aligned) {optimizer}"
 
 
+# Sparse deltas as configs/demo.toml sends them: the 96 largest values of every block of 1024 in
+# int4 (the rest stays in the learner's error-feedback residual), updates in int4 blocks of 1024,
+# plain outer SGD at lr 2. On tiny (S = 800, M = 2, seeds 1-2) with 128 of 1024 kept: Nesterov
+# 1.98, SGD at lr 1.0 / 1.5 / 2.0: 1.84 / 1.76 / 1.75; 96 kept, SGD 2: 1.79; dense int4 with
+# Nesterov 1.75 (bench/RESULTS.md, "Sparse deltas").
+SPARSE_ROW = "Decoupled sparse (top-k 96/1024, sgd 2)"
+SPARSE = ["codec.block_size=1024", "codec.topk=96", "codec.downlink_block_size=1024", "codec.zstd_level=15",
+          "merger.optimizer=sgd", "merger.outer_lr=2.0"]
+
 # Every row: name; kind (standalone or cluster); steps as a multiple of S (standalone only);
 # overrides; decoupled (gets --decoupled-set); headline (run with every seed, else the first one);
 # only_m (run only at these M); quick (part of --quick); half_speed (one learner at half speed, with
@@ -88,6 +97,9 @@ ROWS = [
          overrides=DECOUPLED_BASE + DECOUPLED_POLICY + ["merger.optimizer=nesterov", f"codec.downlink_dtype={dtype}"])
     for dtype in ("int8", "fp32")
 ] + [
+    # configs/demo.toml's codec: sparse deltas (top-k with error feedback) and plain outer SGD.
+    dict(name=SPARSE_ROW, kind="cluster", decoupled=True, headline=True, quick=True,
+         overrides=DECOUPLED_BASE + DECOUPLED_POLICY + SPARSE),
     dict(name="Decoupled avg rule", kind="cluster", decoupled=True,
          overrides=DECOUPLED_BASE + DECOUPLED_POLICY + ["merger.optimizer=nesterov", "merger.rule=avg"]),
     dict(name="Decoupled alpha 0.5", kind="cluster", decoupled=True,
@@ -689,7 +701,7 @@ def parse_args():
                     "steps, synchronous DiLoCo and per-step averaging (same inner steps per learner), with fixed "
                     "seeds, on the local broker. Writes results.json, summary.md and plots into --out.")
     p.add_argument("--quick", action="store_true",
-                   help=f"configs/tiny.toml, M=2, one seed, seven rows, S={QUICK_STEPS} (6 minutes on a loaded 2-core machine)")
+                   help=f"configs/tiny.toml, M=2, one seed, eight rows, S={QUICK_STEPS} (7 minutes on a loaded 2-core machine)")
     p.add_argument("--config", default="configs/tiny.toml", help="run config (default: configs/tiny.toml)")
     p.add_argument("--steps", type=int, help=f"S, inner steps per learner (default {DEFAULT_STEPS}; --quick {QUICK_STEPS})")
     p.add_argument("--seeds", default="1,2,3", help="seeds of the headline rows, comma-separated (the other rows "
