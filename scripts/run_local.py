@@ -328,6 +328,12 @@ def parse_args():
         description="Runs a local Decoupled DiLoCo cluster (mergers, learners over regions, one evaluator of the "
                     "global model) on the local Kafka broker, shows its progress, stops at the budget or on "
                     "Ctrl-C, and leaves logs, metrics, the final model, a text sample and a report in the run folder.")
+    add_cluster_args(p)
+    return p.parse_args()
+
+
+def add_cluster_args(p):
+    """The options that describe a cluster and its budget (scripts/run-local, scripts/wan-sim)."""
     p.add_argument("config", nargs="?", default="configs/demo.toml", help="run config (default: configs/demo.toml)")
     p.add_argument("--learners", type=int, help="learners (default: cluster.learners of the config, else 3)")
     p.add_argument("--regions", help="regions, comma-separated; learner i goes to region i mod R (default: cluster.regions)")
@@ -343,7 +349,6 @@ def parse_args():
     p.add_argument("--no-report", action="store_true", help="skip the text sample and the report at the end")
     p.add_argument("--bin-dir", default=os.environ.get("DILOCO_BIN_DIR", os.path.join(ROOT, "build", "bin")),
                    help="where diloco-learner and diloco-merger are (default: build/bin or $DILOCO_BIN_DIR)")
-    return p.parse_args()
 
 
 class Cluster:
@@ -391,18 +396,27 @@ class Cluster:
         sets = [a for o in self.overrides + [f"run.id=\"{self.run_id}\""] for a in ("--set", o)]
         return ["-c", self.config_path, *sets, "--bootstrap", self.servers]
 
+    def command(self, name, role, argv):
+        """The command line that runs `argv` for child `name` (scripts/wan-sim runs it in a network
+        namespace)."""
+        return argv
+
+    def merger_args(self, name):
+        """Extra arguments of merger `name` (scripts/wan-sim binds it to a namespace's address)."""
+        return []
+
     def _start(self, name, role, argv):
         old = self.children.get(name)
         if old and old.running():
             raise RuntimeError(f"{name} is still running")
         if old:
             old.close()
-        self.children[name] = Child(name, role, argv, os.path.join(self.run_dir, f"{name}.log"))
+        self.children[name] = Child(name, role, self.command(name, role, argv), os.path.join(self.run_dir, f"{name}.log"))
         return self.children[name]
 
     def start_merger(self, name):
         return self._start(name, "merger", [os.path.join(self.bin_dir, "diloco-merger"), *self._common(), "--id", name,
-                                            "--run-dir", os.path.join(self.run_dir, name)])
+                                            "--run-dir", os.path.join(self.run_dir, name), *self.merger_args(name)])
 
     def start_learner(self, i, max_seconds=None):
         """Learner i (again, under the same id, after a failure); max_seconds: its time budget."""
@@ -502,8 +516,9 @@ class Cluster:
             say(f"report: {os.path.join(self.run_dir, 'report', 'index.html')}")
 
 
-def cluster_from_args(args):
-    """The Cluster that the command line and the config describe (shared by scripts/chaos)."""
+def cluster_from_args(args, make=None):
+    """The Cluster that the command line and the config describe (shared by scripts/chaos and
+    scripts/wan-sim, whose `make` builds a subclass from the same arguments)."""
     # A path relative to the working directory, or else to the repository (configs/demo.toml).
     config_path = os.path.abspath(args.config)
     if not os.path.isfile(config_path):
@@ -522,13 +537,20 @@ def cluster_from_args(args):
             fail(f"{tool} is not built in {args.bin_dir} (scripts/run-local builds it; or set --bin-dir)")
     run_id = f"{config['run']['id']}-{time.strftime('%Y%m%d-%H%M%S')}"
     run_dir = os.path.abspath(args.run_dir or os.path.join(ROOT, "runs", run_id))
-    return Cluster(config_path, args.overrides, learners, regions, mergers, speed, eval_interval, steps,
-                   args.max_seconds, run_dir, args.bin_dir, run_id, tokens_per_step, fragments)
+    return (make or Cluster)(config_path, args.overrides, learners, regions, mergers, speed, eval_interval, steps,
+                             args.max_seconds, run_dir, args.bin_dir, run_id, tokens_per_step, fragments)
 
 
 def main():
     args = parse_args()
-    cluster = cluster_from_args(args)
+    sys.exit(run(cluster_from_args(args), args))
+
+
+def run(cluster, args, on_tick=None):
+    """Prepares the broker, starts `cluster`, shows its progress until the budget, a failure or
+    Ctrl-C, stops it in order, writes run.json and the report (scripts/run-local and
+    scripts/wan-sim). on_tick(elapsed) runs every turn of the loop. Returns the exit status: 0 when
+    every process exited cleanly; exits with 1 itself when a process failed."""
     stop_requested = []
     signal.signal(signal.SIGINT, lambda *_: stop_requested.append("Ctrl-C"))
     signal.signal(signal.SIGTERM, lambda *_: stop_requested.append("SIGTERM"))
@@ -558,6 +580,8 @@ def main():
                 break
             if args.max_seconds and elapsed > args.max_seconds + 30:
                 stop_requested.append("time budget")
+            if on_tick:
+                on_tick(elapsed)
 
         reason = stop_requested[0] if stop_requested else ("a process failed" if failure else "budget reached")
         say(f"stopping ({reason})")
@@ -582,7 +606,7 @@ def main():
     if not args.no_report:
         cluster.sample_and_report()
     say(f"run folder: {cluster.run_dir}")
-    sys.exit(1 if bad else 0)
+    return 1 if bad else 0
 
 
 if __name__ == "__main__":

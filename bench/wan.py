@@ -1,0 +1,178 @@
+"""WAN benchmark: wall clock to a target held-out loss of Decoupled DiLoCo, synchronous DiLoCo and
+per-step synchronous averaging, with every region behind a rate-limited link (scripts/wan-sim),
+at several link rates, on the same model, seed and token budget.
+
+Run by bench/wan with Debian's /usr/bin/python3 (standard library); needs root (scripts/wan-sim).
+
+    bench/wan --rates 2816kbit,704kbit --target 2.3          # the scaled rate and 4x lower
+    bench/wan --modes decoupled --rates 2816kbit --dry-run   # the commands, nothing run
+
+Each run is one scripts/wan-sim on configs/tiny.toml (2 learners in regions eu and us, one merger and
+the evaluator in the core namespace) with the overrides of bench/quality's row of that mode. Measured
+per run, from the processes' metrics.jsonl:
+- seconds to target: from the first learner's start to the first evaluation of the global model
+  (the evaluator, every `cluster.eval_interval` s) at or below --target;
+- bytes per token, both directions: what the learners sent (deltas) and received (parameters), and
+  the same counting every byte of their Kafka sockets too, over the tokens they trained;
+- utilisation: compute seconds over compute plus wait seconds, summed over the learners, and the
+  seconds they waited (from their `stop` events).
+The results folder gets one folder per run (runs/<rate>-<mode>/), results.json and summary.md.
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "scripts"))
+sys.path.insert(0, os.path.join(ROOT, "bench"))
+from run_local import read_jsonl  # noqa: E402
+import quality  # noqa: E402  (the rows' overrides: one definition of each mode)
+
+MODES = {
+    "decoupled": "Decoupled K=1+grace (int4, aligned) nesterov",
+    "sync": "sync DiLoCo (int4)",
+    "perstep": "per-step sync avg (fp32)",
+}
+LEARNERS = 2
+
+
+def say(message):
+    print(f"bench/wan: {message}", flush=True)
+
+
+def overrides_of(mode):
+    row = next(r for r in quality.ROWS if r["name"] == MODES[mode])
+    return [o.replace("{M}", str(LEARNERS)) for o in row["overrides"]]
+
+
+def command(args, mode, rate, run_dir):
+    cmd = [os.path.join(ROOT, "scripts", "wan-sim"), args.config, "--rate", rate, "--learners", str(LEARNERS),
+           "--regions", "eu,us", "--steps", str(args.steps), "--run-dir", run_dir, "--no-report",
+           "--max-seconds", str(args.max_seconds), "--tag", f"ddb{os.getpid() % 10000}"]
+    for o in quality.CLUSTER_COMMON[:1] + [f"cluster.eval_interval={args.eval_interval}",
+                                            f"train.total_steps={args.steps}", f"run.seed={args.seed}"] \
+            + overrides_of(mode) + args.set:
+        cmd += ["--set", o]
+    return cmd
+
+
+def measure(run_dir, target):
+    learners = [f"learner-{i}" for i in range(LEARNERS)]
+    events = {n: read_jsonl(os.path.join(run_dir, n, "metrics.jsonl")) for n in learners + ["eval"]}
+    starts = [e["time_us"] for n in learners for e in events[n] if e.get("event") == "start"]
+    if not starts:
+        return {"error": "no learner started"}
+    t0 = min(starts)
+    evals = [(e["time_us"], e["eval_loss"]) for e in events["eval"] if e.get("event") == "global_eval"]
+    reached = next(((t - t0) / 1e6 for t, loss in evals if loss <= target), None)
+    out = {"seconds_to_target": round(reached, 1) if reached is not None else None,
+           "final_loss": round(evals[-1][1], 4) if evals else None,
+           "best_loss": round(min(l for _, l in evals), 4) if evals else None,
+           "curve": [[round((t - t0) / 1e6, 2), round(l, 4)] for t, l in evals]}
+    sent = received = kafka_sent = kafka_received = tokens = compute = wait = 0
+    for n in learners:
+        stop = [e for e in events[n] if e.get("event") == "stop"]
+        shutdown = [e for e in events[n] if e.get("event") == "shutdown"]
+        if stop:
+            tokens += stop[-1].get("tokens", 0)
+            compute += stop[-1].get("compute_seconds", 0.0)
+            wait += stop[-1].get("wait_seconds", 0.0)
+        if shutdown:
+            s = shutdown[-1]
+            sent += s.get("bytes_sent", 0)
+            received += s.get("bytes_received", 0)
+            kafka_sent += s.get("kafka_sent", 0)
+            kafka_received += s.get("kafka_received", 0)
+    out.update(tokens=tokens, compute_seconds=round(compute, 1), wait_seconds=round(wait, 1),
+               utilisation=round(compute / (compute + wait), 3) if compute + wait > 0 else None,
+               bytes_up=sent, bytes_down=received, kafka_sent=kafka_sent, kafka_received=kafka_received,
+               bytes_per_token_up=round(sent / tokens, 3) if tokens else None,
+               bytes_per_token_down=round(received / tokens, 3) if tokens else None,
+               socket_bytes_per_token=round((kafka_sent + kafka_received + received) / tokens, 3) if tokens else None)
+    return out
+
+
+def write_summary(args, results, path):
+    lines = ["# WAN benchmark (`bench/wan`)", "",
+             f"Command: `bench/wan {' '.join(sys.argv[1:])}`", "",
+             f"Date: {time.strftime('%a %b %d %H:%M:%S %Z %Y')}; machine: `{' '.join(os.uname())}`, `nproc` = {os.cpu_count()}",
+             "",
+             f"Config `{args.config}`, {LEARNERS} learners (regions eu, us: one each behind its link), S = {args.steps} "
+             f"steps per learner at most, seed {args.seed}, target held-out loss {args.target}, evaluator every "
+             f"{args.eval_interval} s, each run at most {args.max_seconds} s.", "",
+             "| rate | mode | s to target | vs Decoupled | final loss | tokens | utilisation | wait s | "
+             "B/token up | B/token down | socket B/token |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for rate in args.rates:
+        base = results.get(f"{rate}-decoupled", {}).get("seconds_to_target")
+        for mode in args.modes:
+            r = results.get(f"{rate}-{mode}")
+            if not r:
+                continue
+            t = r.get("seconds_to_target")
+            ratio = f"{t / base:.1f}x" if t and base else "-"
+            lines.append(f"| {rate} | {MODES[mode]} | {t if t is not None else 'not reached'} | {ratio} | "
+                         f"{r.get('final_loss')} | {r.get('tokens')} | {r.get('utilisation')} | {r.get('wait_seconds')} | "
+                         f"{r.get('bytes_per_token_up')} | {r.get('bytes_per_token_down')} | {r.get('socket_bytes_per_token')} |")
+    lines += ["", "Modes and their overrides (bench/quality's rows):", ""]
+    for mode in args.modes:
+        lines.append(f"- {MODES[mode]}: `{' '.join(overrides_of(mode))}`")
+    with open(path, "w") as f:
+        f.write("\n".join(lines) + "\n")
+
+
+def main():
+    p = argparse.ArgumentParser(prog="bench/wan", description=__doc__.split("\n\n")[0].replace("\n", " "))
+    p.add_argument("--config", default="configs/tiny.toml")
+    p.add_argument("--rates", default="2816kbit,704kbit", help="link rates, comma-separated, as tc writes them")
+    p.add_argument("--modes", default="decoupled,sync,perstep", help="comma-separated of " + ", ".join(MODES))
+    p.add_argument("--steps", type=int, default=400, help="steps per learner (the token budget; default 400)")
+    p.add_argument("--target", type=float, default=2.3, help="target held-out loss of the global model (default 2.3)")
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--eval-interval", type=float, default=1.0, help="seconds between the evaluator's evaluations")
+    p.add_argument("--max-seconds", type=int, default=1200, help="time budget of each run (default 1200)")
+    p.add_argument("--set", action="append", default=[], metavar="K=V", help="config override of every run")
+    p.add_argument("--out", default=os.path.join(ROOT, "bench", "results", f"wan-{time.strftime('%Y%m%d-%H%M%S')}"))
+    p.add_argument("--resume", action="store_true", help="keep the runs that have a result")
+    p.add_argument("--dry-run", action="store_true")
+    args = p.parse_args()
+    args.rates = [r for r in args.rates.split(",") if r]
+    args.modes = [m for m in args.modes.split(",") if m]
+    for m in args.modes:
+        if m not in MODES:
+            sys.exit(f"bench/wan: unknown mode '{m}' (expected one of {', '.join(MODES)})")
+    os.makedirs(args.out, exist_ok=True)
+    results_path = os.path.join(args.out, "results.json")
+    results = json.load(open(results_path)) if args.resume and os.path.exists(results_path) else {}
+    for rate in args.rates:
+        for mode in args.modes:
+            key = f"{rate}-{mode}"
+            run_dir = os.path.join(args.out, "runs", key)
+            cmd = command(args, mode, rate, run_dir)
+            if args.dry_run:
+                print(" ".join(cmd))
+                continue
+            if key in results and args.resume:
+                continue
+            say(f"{key}: started")
+            with open(os.path.join(args.out, f"{key}.log"), "w") as log:
+                code = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT).returncode
+            r = measure(run_dir, args.target)
+            r["exit_code"] = code
+            results[key] = r
+            with open(results_path, "w") as f:
+                json.dump(results, f, indent=2)
+            say(f"{key}: exit {code}, to target {r.get('seconds_to_target')} s, final loss {r.get('final_loss')}, "
+                f"utilisation {r.get('utilisation')}, bytes/token up {r.get('bytes_per_token_up')} down "
+                f"{r.get('bytes_per_token_down')}")
+    if not args.dry_run:
+        write_summary(args, results, os.path.join(args.out, "summary.md"))
+        say(f"summary: {os.path.join(args.out, 'summary.md')}")
+
+
+if __name__ == "__main__":
+    main()
