@@ -40,6 +40,8 @@ int main(int argc, char** argv) {
   app.add_option("--index", o.index, "this learner's index in [0, --learners): data shard (and schedule stagger with diloco.stagger)")->capture_default_str();
   app.add_option("--learners", o.learners, "number of learners sharing the training data")->capture_default_str()->check(CLI::PositiveNumber);
   app.add_option("--bootstrap", bootstrap, "Kafka bootstrap servers (default: $DILOCO_BOOTSTRAP or 127.0.0.1:19092)")->capture_default_str();
+  double connect_timeout_s = o.kafka.connect_timeout_ms / 1000.0;
+  app.add_option("--connect-timeout", connect_timeout_s, "seconds to wait for the broker at start before failing")->capture_default_str()->check(CLI::PositiveNumber);
   app.add_option("--merger", endpoints, "extra merger ZeroMQ endpoints, comma-separated (normally learned from the members topic)");
   app.add_flag("--standalone", standalone, "no Kafka, no ZeroMQ: train alone (the single-learner baseline)");
   app.add_flag("--no-publish", no_publish, "train and adopt global fragments but never send deltas (to measure publishing overhead)");
@@ -77,6 +79,7 @@ int main(int argc, char** argv) {
   o.regions = split_list(regions);
   o.merger_endpoints = split_list(endpoints);
   o.kafka.bootstrap_servers = bootstrap;
+  o.kafka.connect_timeout_ms = static_cast<int>(connect_timeout_s * 1000);
   o.kafka.client_id = o.learner_id;
   if (o.index >= o.learners) {
     std::cerr << "error: --index " << o.index << " must be below --learners " << o.learners << "\n";

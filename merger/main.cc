@@ -24,6 +24,8 @@ int main(int argc, char** argv) {
   app.add_option("-s,--set", overrides, "override a config value: section.key=value (repeatable), e.g. --set merger.quorum=3");
   app.add_option("--id", o.instance_id, "instance id, stable across restarts (its Kafka transactional id: a restarted instance fences its predecessor)")->capture_default_str();
   app.add_option("--bootstrap", bootstrap, "Kafka bootstrap servers (default: $DILOCO_BOOTSTRAP or 127.0.0.1:19092)")->capture_default_str();
+  double connect_timeout_s = o.kafka.connect_timeout_ms / 1000.0;
+  app.add_option("--connect-timeout", connect_timeout_s, "seconds to wait for the broker at start before failing")->capture_default_str()->check(CLI::PositiveNumber);
   app.add_option("--bind", o.bind, "ZeroMQ PUB endpoint to bind ('*' as port picks a free one)")->capture_default_str();
   app.add_option("--advertise", o.advertise, "endpoint announced to learners in the members topic (default: the bound one)");
   app.add_option("--run-dir", o.run_dir, "folder for metrics.jsonl (created if missing; empty: no file)");
@@ -38,6 +40,7 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   o.snapshot_queue_bytes = snapshot_queue_mib << 20;
   o.kafka.bootstrap_servers = bootstrap;
+  o.kafka.connect_timeout_ms = static_cast<int>(connect_timeout_s * 1000);
   install_stop_handlers();
   return_large_buffers();
   try {

@@ -45,11 +45,14 @@ TEST_CASE("learner refuses bad input with a clear error and a non-zero exit", "[
     CHECK_THAT(p.log(), Catch::Contains("scripts/bootstrap"));
   }
   {
+    const auto start = std::chrono::steady_clock::now();
     testing::ChildProcess p({testing::learner_binary(), "-c", testing::tiny_config_path(), "--bootstrap",
-                             "127.0.0.1:1", "--steps", "5"},
+                             "127.0.0.1:1", "--steps", "5", "--connect-timeout", "3"},
                             dir + "/broker.log");
     CHECK(p.wait_exit(90s) == std::optional<int>(1));
     CHECK_THAT(p.log(), Catch::Contains("scripts/broker start"));
+    CHECK_THAT(p.log(), Catch::Contains("within 3 s"));
+    CHECK(std::chrono::steady_clock::now() - start < 30s);  // the default wait is 30 s
   }
   {
     // Refused before the broker is even asked (the bootstrap address here has none), by learner
