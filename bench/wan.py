@@ -4,18 +4,21 @@ at several link rates, on the same model, seed and token budget.
 
 Run by bench/wan with Debian's /usr/bin/python3 (standard library); needs root (scripts/wan-sim).
 
-    bench/wan --rates 2816kbit,704kbit --target 2.3          # the scaled rate and 4x lower
-    bench/wan --modes decoupled --rates 2816kbit --dry-run   # the commands, nothing run
+    bench/wan --rates 2860kbit,715kbit --target 2.3          # the scaled rate and 4x lower (README)
+    bench/wan --modes decoupled --rates 2860kbit --dry-run   # the commands, nothing run
 
 Each run is one scripts/wan-sim on configs/tiny.toml (2 learners in regions eu and us, one merger and
 the evaluator in the core namespace) with the overrides of bench/quality's row of that mode. Measured
 per run, from the processes' metrics.jsonl:
 - seconds to target: from the first learner's start to the first evaluation of the global model
-  (the evaluator, every `cluster.eval_interval` s) at or below --target;
+  (the evaluator, every `cluster.eval_interval` s) at or below --target; and the same from the
+  moment training began (the first learner's first logged step less the compute and wait seconds
+  before it), without the start-up (Kafka, topics, the wait for version 0) that every mode pays;
 - bytes per token, both directions: what the learners sent (deltas) and received (parameters), and
   the same counting every byte of their Kafka sockets too, over the tokens they trained;
-- utilisation: compute seconds over compute plus wait seconds, summed over the learners, and the
-  seconds they waited (from their `stop` events).
+- utilisation: the learners' compute seconds over their wall seconds from their first logged step
+  (every 10 steps) to their stop, summed over the learners (start-up excluded), and the seconds
+  they waited for merges (from their `stop` events).
 The results folder gets one folder per run (runs/<rate>-<mode>/), results.json and summary.md.
 """
 
@@ -34,6 +37,7 @@ import quality  # noqa: E402  (the rows' overrides: one definition of each mode)
 
 MODES = {
     "decoupled": "Decoupled K=1+grace (int4, aligned) nesterov",
+    "sparse": quality.SPARSE_ROW,  # the same with configs/demo.toml's sparse deltas and outer SGD
     "sync": "sync DiLoCo (int4)",
     "perstep": "per-step sync avg (fp32)",
 }
@@ -67,20 +71,31 @@ def measure(run_dir, target):
     if not starts:
         return {"error": "no learner started"}
     t0 = min(starts)
+    # When training began: a learner's first logged step (step 10) less the compute and wait
+    # seconds it took to get there; the earliest learner's.
+    first_steps = [next((e for e in events[n] if e.get("event") == "step" and "compute_seconds" in e), None)
+                   for n in learners]
+    trained = [e["time_us"] - 1e6 * (e["compute_seconds"] + e.get("wait_seconds", 0.0)) for e in first_steps if e]
+    t_train = min(trained) if trained else None
     evals = [(e["time_us"], e["eval_loss"]) for e in events["eval"] if e.get("event") == "global_eval"]
-    reached = next(((t - t0) / 1e6 for t, loss in evals if loss <= target), None)
-    out = {"seconds_to_target": round(reached, 1) if reached is not None else None,
+    reached = next((t for t, loss in evals if loss <= target), None)
+    out = {"seconds_to_target": round((reached - t0) / 1e6, 1) if reached is not None else None,
+           "training_seconds_to_target": round((reached - t_train) / 1e6, 1) if reached is not None and t_train else None,
+           "startup_seconds": round((t_train - t0) / 1e6, 1) if t_train else None,
            "final_loss": round(evals[-1][1], 4) if evals else None,
            "best_loss": round(min(l for _, l in evals), 4) if evals else None,
            "curve": [[round((t - t0) / 1e6, 2), round(l, 4)] for t, l in evals]}
-    sent = received = kafka_sent = kafka_received = tokens = compute = wait = 0
+    sent = received = kafka_sent = kafka_received = tokens = compute = wait = wall = 0
     for n in learners:
         stop = [e for e in events[n] if e.get("event") == "stop"]
         shutdown = [e for e in events[n] if e.get("event") == "shutdown"]
+        steps = [e for e in events[n] if e.get("event") == "step" and "compute_seconds" in e]
         if stop:
             tokens += stop[-1].get("tokens", 0)
-            compute += stop[-1].get("compute_seconds", 0.0)
             wait += stop[-1].get("wait_seconds", 0.0)
+            if steps:  # the training phase: from the first logged step to the stop (start-up excluded)
+                compute += stop[-1].get("compute_seconds", 0.0) - steps[0]["compute_seconds"]
+                wall += stop[-1]["t"] - steps[0]["t"]
         if shutdown:
             s = shutdown[-1]
             sent += s.get("bytes_sent", 0)
@@ -88,7 +103,8 @@ def measure(run_dir, target):
             kafka_sent += s.get("kafka_sent", 0)
             kafka_received += s.get("kafka_received", 0)
     out.update(tokens=tokens, compute_seconds=round(compute, 1), wait_seconds=round(wait, 1),
-               utilisation=round(compute / (compute + wait), 3) if compute + wait > 0 else None,
+               training_wall_seconds=round(wall, 1),
+               utilisation=round(compute / wall, 3) if wall > 0 else None,
                bytes_up=sent, bytes_down=received, kafka_sent=kafka_sent, kafka_received=kafka_received,
                bytes_per_token_up=round(sent / tokens, 3) if tokens else None,
                bytes_per_token_down=round(received / tokens, 3) if tokens else None,
@@ -104,18 +120,19 @@ def write_summary(args, results, path):
              f"Config `{args.config}`, {LEARNERS} learners (regions eu, us: one each behind its link), S = {args.steps} "
              f"steps per learner at most, seed {args.seed}, target held-out loss {args.target}, evaluator every "
              f"{args.eval_interval} s, each run at most {args.max_seconds} s.", "",
-             "| rate | mode | s to target | vs Decoupled | final loss | tokens | utilisation | wait s | "
-             "B/token up | B/token down | socket B/token |",
+             "| rate | mode | s to target (training s) | vs Decoupled (training) | final loss | tokens | utilisation | "
+             "wait s | B/token up | B/token down | socket B/token |",
              "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for rate in args.rates:
-        base = results.get(f"{rate}-decoupled", {}).get("seconds_to_target")
+        base = results.get(f"{rate}-decoupled", {})
         for mode in args.modes:
             r = results.get(f"{rate}-{mode}")
             if not r:
                 continue
-            t = r.get("seconds_to_target")
-            ratio = f"{t / base:.1f}x" if t and base else "-"
-            lines.append(f"| {rate} | {MODES[mode]} | {t if t is not None else 'not reached'} | {ratio} | "
+            t, tt = r.get("seconds_to_target"), r.get("training_seconds_to_target")
+            ratio = (f"{t / base['seconds_to_target']:.1f}x ({tt / base['training_seconds_to_target']:.1f}x)"
+                     if t and tt and base.get("seconds_to_target") and base.get("training_seconds_to_target") else "-")
+            lines.append(f"| {rate} | {MODES[mode]} | {f'{t} ({tt})' if t is not None else 'not reached'} | {ratio} | "
                          f"{r.get('final_loss')} | {r.get('tokens')} | {r.get('utilisation')} | {r.get('wait_seconds')} | "
                          f"{r.get('bytes_per_token_up')} | {r.get('bytes_per_token_down')} | {r.get('socket_bytes_per_token')} |")
     lines += ["", "Modes and their overrides (bench/quality's rows):", ""]
@@ -128,7 +145,9 @@ def write_summary(args, results, path):
 def main():
     p = argparse.ArgumentParser(prog="bench/wan", description=__doc__.split("\n\n")[0].replace("\n", " "))
     p.add_argument("--config", default="configs/tiny.toml")
-    p.add_argument("--rates", default="2816kbit,704kbit", help="link rates, comma-separated, as tc writes them")
+    p.add_argument("--rates", default="2860kbit,715kbit",
+                   help="link rates, comma-separated, as tc writes them (default: the scaled rate of the README's "
+                        "'Scaling across regions' and 4x less)")
     p.add_argument("--modes", default="decoupled,sync,perstep", help="comma-separated of " + ", ".join(MODES))
     p.add_argument("--steps", type=int, default=400, help="steps per learner (the token budget; default 400)")
     p.add_argument("--target", type=float, default=2.3, help="target held-out loss of the global model (default 2.3)")
@@ -138,6 +157,7 @@ def main():
     p.add_argument("--set", action="append", default=[], metavar="K=V", help="config override of every run")
     p.add_argument("--out", default=os.path.join(ROOT, "bench", "results", f"wan-{time.strftime('%Y%m%d-%H%M%S')}"))
     p.add_argument("--resume", action="store_true", help="keep the runs that have a result")
+    p.add_argument("--reanalyse", action="store_true", help="measure the runs of --out again (e.g. for another --target)")
     p.add_argument("--dry-run", action="store_true")
     args = p.parse_args()
     args.rates = [r for r in args.rates.split(",") if r]
@@ -147,7 +167,7 @@ def main():
             sys.exit(f"bench/wan: unknown mode '{m}' (expected one of {', '.join(MODES)})")
     os.makedirs(args.out, exist_ok=True)
     results_path = os.path.join(args.out, "results.json")
-    results = json.load(open(results_path)) if args.resume and os.path.exists(results_path) else {}
+    results = json.load(open(results_path)) if (args.resume or args.reanalyse) and os.path.exists(results_path) else {}
     for rate in args.rates:
         for mode in args.modes:
             key = f"{rate}-{mode}"
@@ -155,6 +175,10 @@ def main():
             cmd = command(args, mode, rate, run_dir)
             if args.dry_run:
                 print(" ".join(cmd))
+                continue
+            if args.reanalyse:  # measure again what ran, run nothing
+                if key in results:
+                    results[key] = {**measure(run_dir, args.target), "exit_code": results[key].get("exit_code")}
                 continue
             if key in results and args.resume:
                 continue
@@ -169,6 +193,9 @@ def main():
             say(f"{key}: exit {code}, to target {r.get('seconds_to_target')} s, final loss {r.get('final_loss')}, "
                 f"utilisation {r.get('utilisation')}, bytes/token up {r.get('bytes_per_token_up')} down "
                 f"{r.get('bytes_per_token_down')}")
+    if args.reanalyse:
+        with open(results_path, "w") as f:
+            json.dump(results, f, indent=2)
     if not args.dry_run:
         write_summary(args, results, os.path.join(args.out, "summary.md"))
         say(f"summary: {os.path.join(args.out, 'summary.md')}")

@@ -299,7 +299,7 @@ def longest_outside(points, excluded):
 
 def replay(cluster, *argv):
     cmd = [os.path.join(cluster.bin_dir, "diloco-replay"), "-c", os.path.join(cluster.run_dir, "config.toml"),
-           "--bootstrap", cluster.servers, *argv]
+           "--bootstrap", cluster.servers, *[a for o in cluster.overrides for a in ("--set", o)], *argv]
     return subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
 
 

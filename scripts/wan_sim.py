@@ -238,7 +238,8 @@ def check(cluster):
     def replay(*argv):
         return subprocess.run(["ip", "netns", "exec", cluster.net.core, os.path.join(cluster.bin_dir, "diloco-replay"),
                                "-c", os.path.join(cluster.run_dir, "config.toml"), "--bootstrap", cluster.servers,
-                               *argv], capture_output=True, text=True, cwd=rl.ROOT)
+                               *[a for o in cluster.overrides for a in ("--set", o)], *argv],
+                              capture_output=True, text=True, cwd=rl.ROOT)
     audit_run = replay("audit", "--json")
     try:
         audit = json.loads(audit_run.stdout.strip().splitlines()[-1])
