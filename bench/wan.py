@@ -19,7 +19,10 @@ per run, from the processes' metrics.jsonl:
 - utilisation: the learners' compute seconds over their wall seconds from their first logged step
   (every 10 steps) to their stop, summed over the learners (start-up excluded), and the seconds
   they waited for merges (from their `stop` events).
-The results folder gets one folder per run (runs/<rate>-<mode>/), results.json and summary.md.
+- staleness: versions of a fragment between a merged delta's base and its merge, and inputs per
+  merge, from the mergers' merge events.
+The results folder gets one folder per run (runs/<rate>-<mode>/), results.json, summary.md and one
+plot per rate (held-out loss against wall clock, every mode).
 """
 
 import argparse
@@ -109,7 +112,51 @@ def measure(run_dir, target):
                bytes_per_token_up=round(sent / tokens, 3) if tokens else None,
                bytes_per_token_down=round(received / tokens, 3) if tokens else None,
                socket_bytes_per_token=round((kafka_sent + kafka_received + received) / tokens, 3) if tokens else None)
+    # How late deltas met the global model: their staleness (versions of their fragment between
+    # their base and the merge) and how many met in one merge, from every merger's merge events.
+    merges = [e for d in sorted(os.listdir(run_dir)) if d.startswith("merger-")
+              for e in read_jsonl(os.path.join(run_dir, d, "metrics.jsonl")) if e.get("event") == "merge"]
+    staleness = [i.get("staleness", 0) for e in merges for i in e.get("inputs", [])]
+    out.update(merges=len(merges),
+               inputs_per_merge=round(len(staleness) / len(merges), 2) if merges else None,
+               staleness_mean=round(sum(staleness) / len(staleness), 2) if staleness else None,
+               staleness_max=max(staleness) if staleness else None)
     return out
+
+
+def write_plots(args, results, out_dir):
+    """One plot per rate: the global model's held-out loss against seconds since the first learner
+    started, every mode, the target as a line; log time, since the modes differ by 10x and more."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        say("no matplotlib (python3-matplotlib): no plots")
+        return []
+    names = []
+    for rate in args.rates:
+        runs = [(mode, results[f"{rate}-{mode}"]) for mode in args.modes if results.get(f"{rate}-{mode}", {}).get("curve")]
+        if not runs:
+            continue
+        fig, ax = plt.subplots(figsize=(8, 4.5), dpi=100)
+        for mode, r in runs:
+            xs, ys = zip(*r["curve"])
+            ax.plot(xs, ys, label=MODES[mode])
+        ax.axhline(args.target, color="grey", linestyle="--", linewidth=1, label=f"target {args.target}")
+        ax.set_xscale("log")
+        ax.set_ylim(top=min(4.8, max(y for _, r in runs for _, y in r["curve"]) + 0.1))
+        ax.set_title(f"Held-out loss of the global model, every region behind {rate}")
+        ax.set_xlabel("seconds since the first learner started (log)")
+        ax.set_ylabel("held-out loss (nats/char)")
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        name = f"heldout_vs_time_{rate}.png"
+        fig.savefig(os.path.join(out_dir, name))
+        plt.close(fig)
+        names.append(name)
+    return names
 
 
 def write_summary(args, results, path):
@@ -121,8 +168,8 @@ def write_summary(args, results, path):
              f"steps per learner at most, seed {args.seed}, target held-out loss {args.target}, evaluator every "
              f"{args.eval_interval} s, each run at most {args.max_seconds} s.", "",
              "| rate | mode | s to target (training s) | vs Decoupled (training) | final loss | tokens | utilisation | "
-             "wait s | B/token up | B/token down | socket B/token |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "wait s | B/token up | B/token down | socket B/token | inputs/merge | staleness mean (max) |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for rate in args.rates:
         base = results.get(f"{rate}-decoupled", {})
         for mode in args.modes:
@@ -134,10 +181,14 @@ def write_summary(args, results, path):
                      if t and tt and base.get("seconds_to_target") and base.get("training_seconds_to_target") else "-")
             lines.append(f"| {rate} | {MODES[mode]} | {f'{t} ({tt})' if t is not None else 'not reached'} | {ratio} | "
                          f"{r.get('final_loss')} | {r.get('tokens')} | {r.get('utilisation')} | {r.get('wait_seconds')} | "
-                         f"{r.get('bytes_per_token_up')} | {r.get('bytes_per_token_down')} | {r.get('socket_bytes_per_token')} |")
+                         f"{r.get('bytes_per_token_up')} | {r.get('bytes_per_token_down')} | {r.get('socket_bytes_per_token')} | "
+                         f"{r.get('inputs_per_merge')} | {r.get('staleness_mean')} ({r.get('staleness_max')}) |")
     lines += ["", "Modes and their overrides (bench/quality's rows):", ""]
     for mode in args.modes:
         lines.append(f"- {MODES[mode]}: `{' '.join(overrides_of(mode))}`")
+    plots = write_plots(args, results, os.path.dirname(path))
+    if plots:
+        lines += [""] + [f"![{p}]({p})" for p in plots]
     with open(path, "w") as f:
         f.write("\n".join(lines) + "\n")
 

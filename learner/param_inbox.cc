@@ -86,8 +86,10 @@ void ParamInbox::run() {
   // Versions the mergers announce in their heartbeats against the newest version received, per
   // fragment: a gap that lasts is asked for again.
   using Clock = std::chrono::steady_clock;
-  std::map<uint32_t, uint64_t> announced;
-  std::map<uint32_t, Clock::time_point> behind_since;
+  // Versions announced and versions arrived, per fragment: when a lag stalls (learner/snapshot_asks.h).
+  StallClock stall(std::chrono::duration<double>(options_.request_delay_s),
+                   std::chrono::duration<double>(options_.request_interval_max_s));
+  std::set<uint32_t> announced;  // fragments some merger announced
   SnapshotAsks asks(std::chrono::duration<double>(options_.request_interval_s),
                     std::chrono::duration<double>(options_.request_interval_max_s));
   // The newest version of each fragment held in full: what the next update applies to. The same
@@ -120,17 +122,14 @@ void ParamInbox::run() {
       }
       it = announced_checksum.erase(it);  // checked once per announcement
     }
-    for (const auto& [p, version] : announced) {
+    for (const uint32_t p : announced) {
       const auto h = held.find(p);
-      if (h != held.end() && h->second->version >= version) {
-        behind_since.erase(p);
-        continue;
-      }
-      auto since = behind_since.try_emplace(p, now).first->second;
+      const std::optional<uint64_t> version =
+          h == held.end() ? std::nullopt : std::optional<uint64_t>(h->second->version);
+      if (version && *version >= stall.announced_version(p)) continue;
       // Until the first read of `members` reaches its end, what it announces was published before
       // this subscriber connected and will not arrive by itself: asked for at once.
-      if (!members_caught_up_ || now - since >= std::chrono::duration<double>(options_.request_delay_s))
-        wanted.insert(p);
+      if (!members_caught_up_ || stall.stalled(p, version, now)) wanted.insert(p);
     }
     for (auto it = wanted.begin(); it != wanted.end();) {
       if (!asks.due(*it, now)) {
@@ -167,8 +166,8 @@ void ParamInbox::run() {
                   auto& heard = owner_heard_[m.owned_fragments[i]];
                   if (message->timestamp_ms >= heard.stamp_ms) heard = {message->timestamp_ms, m.announce_interval_s};
                 }
-                auto& v = announced[m.owned_fragments[i]];
-                v = std::max(v, m.fragment_versions[i]);
+                announced.insert(m.owned_fragments[i]);
+                stall.announced(m.owned_fragments[i], m.fragment_versions[i], Clock::now());
                 if (i < m.fragment_checksums.size())
                   announced_checksum[m.owned_fragments[i]] = {m.fragment_versions[i], m.fragment_checksums[i]};
               }
@@ -239,6 +238,7 @@ void ParamInbox::run() {
       held[p] = shared;
       wanted.erase(p);
       asks.satisfied(p);
+      stall.arrived(p, shared->version, Clock::now());
       std::lock_guard lock(mutex_);
       auto& slot = latest_[p];
       if (!slot || shared->version >= slot->version) slot = std::move(shared);

@@ -33,12 +33,14 @@ struct ParamInboxOptions {
   DecodeLimits limits;  // run id, fingerprint, layout
   // Extra endpoints to subscribe to from the start (besides those announced in `members`).
   std::vector<std::string> endpoints;
-  // A fragment whose version a merger announced in `members` and that has not arrived for
-  // request_delay_s (a dropped message, a merger that was recovering when this learner
-  // connected) is asked for; a gap found while the first read of `members` catches up
-  // (announced before this inbox subscribed, so it will not arrive by itself) is asked for at
-  // once. While it stays missing it is asked for again after
-  // request_interval_s, then after twice that, and so on up to request_interval_max_s.
+  // A fragment whose version a merger announced in `members` and of which no usable version
+  // arrived for request_delay_s, or for twice the recent delay between announcements and
+  // arrivals if longer (a slow link), at most request_interval_max_s (a dropped message, a merger
+  // that was recovering when this learner connected; learner/snapshot_asks.h, StallClock) is
+  // asked for; a gap found while the first read of `members` catches up (announced before this
+  // inbox subscribed, so it will not arrive by itself) is asked for at once. While it stays
+  // missing it is asked for again after request_interval_s, then after twice that, and so on up
+  // to request_interval_max_s.
   double request_delay_s = 0.5;
   double request_interval_s = 1.0;
   double request_interval_max_s = 16.0;

@@ -26,4 +26,50 @@ void SnapshotAsks::asked(uint32_t p, Clock::time_point now) {
   ++a.count;
 }
 
+StallClock::StallClock(std::chrono::duration<double> delay, std::chrono::duration<double> max, double lag_factor)
+    : delay_(delay), max_(std::max(delay, max)), lag_factor_(lag_factor) {}
+
+void StallClock::announced(uint32_t p, uint64_t version, Clock::time_point now) {
+  auto& t = tracks_[p];
+  if (t.any && version <= t.announced) return;
+  t.any = true;
+  t.announced = version;
+  t.first_seen.emplace(version, now);
+  // Announcements of versions that never arrive one by one (a snapshot skips them) are bounded.
+  while (t.first_seen.size() > 64) t.first_seen.erase(t.first_seen.begin());
+}
+
+void StallClock::arrived(uint32_t p, uint64_t version, Clock::time_point now) {
+  auto& t = tracks_[p];
+  // The first announcement of this version or a newer one: how long it took to come.
+  double lag = 0;
+  if (auto it = t.first_seen.lower_bound(version); it != t.first_seen.end())
+    lag = std::max(0.0, std::chrono::duration<double>(now - it->second).count());
+  t.first_seen.erase(t.first_seen.begin(), t.first_seen.upper_bound(version));
+  constexpr double kWeight = 0.25;  // of the newest lag in the average
+  t.lag_s += kWeight * (lag - t.lag_s);
+  t.progress = now;
+}
+
+std::chrono::duration<double> StallClock::threshold(uint32_t p) const {
+  const auto it = tracks_.find(p);
+  const std::chrono::duration<double> lag(it == tracks_.end() ? 0.0 : lag_factor_ * it->second.lag_s);
+  return std::clamp(lag, delay_, max_);
+}
+
+uint64_t StallClock::announced_version(uint32_t p) const {
+  const auto it = tracks_.find(p);
+  return it == tracks_.end() ? 0 : it->second.announced;
+}
+
+bool StallClock::stalled(uint32_t p, std::optional<uint64_t> held, Clock::time_point now) const {
+  const auto it = tracks_.find(p);
+  if (it == tracks_.end() || it->second.first_seen.empty()) return false;  // nothing announced
+  if (held && *held >= it->second.announced) return false;
+  // Behind since the oldest announcement not yet arrived, or since the last progress if later.
+  auto since = it->second.first_seen.begin()->second;
+  if (it->second.progress && *it->second.progress > since) since = *it->second.progress;
+  return now - since >= threshold(p);
+}
+
 }  // namespace diloco

@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cstdint>
 #include <map>
+#include <optional>
 
 namespace diloco {
 
@@ -35,6 +36,48 @@ class SnapshotAsks {
   };
   std::chrono::duration<double> first_, max_;
   std::map<uint32_t, Ask> asks_;
+};
+
+// When a fragment that lags behind the version its merger announces counts as stalled, so that a
+// snapshot is asked for. Behind is not enough: on a slow or congested link the announcements (small
+// Kafka records) arrive seconds before the updates they announce (queued behind other bytes on the
+// same link), yet the updates still come, in order. Asking for a snapshot then makes it worse: a
+// whole fragment joins the queue, the next updates arrive later still, and each ask brings the next
+// (a link of 2.86 Mbit/s restored after a cut stayed saturated by snapshots to the end of the run).
+// So a fragment is stalled when it is behind and no usable version of it arrived for
+//     clamp(lag_factor x lag, delay, max)
+// where lag is a moving average of how long the recent versions took from their first
+// announcement to their arrival (0 for one that arrived before it was announced). A version lost
+// for good (nothing after it to show the gap) is asked for after `delay` on a quick link, and
+// after at most `max` however slow the link looked. Pure: the caller passes the clock.
+class StallClock {
+ public:
+  using Clock = std::chrono::steady_clock;
+
+  StallClock(std::chrono::duration<double> delay, std::chrono::duration<double> max, double lag_factor = 2.0);
+
+  // A merger announced `version` of p (each announcement, also repeats).
+  void announced(uint32_t p, uint64_t version, Clock::time_point now);
+  // A usable `version` of p arrived (an update applied, or a snapshot): progress.
+  void arrived(uint32_t p, uint64_t version, Clock::time_point now);
+  // Whether p, of which `held` is held (nullopt: none), is behind its newest announcement and made
+  // no progress for threshold(p).
+  bool stalled(uint32_t p, std::optional<uint64_t> held, Clock::time_point now) const;
+  std::chrono::duration<double> threshold(uint32_t p) const;
+  // The newest announced version of p (0 when none).
+  uint64_t announced_version(uint32_t p) const;
+
+ private:
+  struct Track {
+    bool any = false;  // some version was announced
+    uint64_t announced = 0;
+    std::map<uint64_t, Clock::time_point> first_seen;  // announced versions not yet arrived
+    std::optional<Clock::time_point> progress;         // the last arrival, or when it fell behind
+    double lag_s = 0;                                  // moving average
+  };
+  std::chrono::duration<double> delay_, max_;
+  double lag_factor_;
+  std::map<uint32_t, Track> tracks_;
 };
 
 }  // namespace diloco

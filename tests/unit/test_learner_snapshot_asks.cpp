@@ -44,3 +44,70 @@ TEST_CASE("a cap below the first interval is the first interval", "[learner][sna
   asks.asked(3, {});
   CHECK(asks.wait(3) == 2s);
 }
+
+// StallClock: behind the announced version is not stalled while versions still arrive; a version
+// lost for good is.
+TEST_CASE("a version announced and never arriving stalls after the delay on a quick link", "[learner][snapshots]") {
+  StallClock stall(500ms, 16s);
+  const StallClock::Clock::time_point t0{};
+  CHECK_FALSE(stall.stalled(0, std::nullopt, t0));  // nothing announced
+  // Versions 1..5 arrive 10 ms after their announcement: a quick link.
+  auto t = t0;
+  for (uint64_t v = 1; v <= 5; ++v) {
+    stall.announced(0, v, t);
+    stall.arrived(0, v, t + 10ms);
+    t += 1s;
+  }
+  CHECK(stall.threshold(0) == 500ms);
+  CHECK_FALSE(stall.stalled(0, 5, t));
+  // Version 6 is announced and lost (no later update shows the gap).
+  stall.announced(0, 6, t);
+  CHECK_FALSE(stall.stalled(0, 5, t + 499ms));
+  CHECK(stall.stalled(0, 5, t + 500ms));
+  // Holding the announced version (or newer) is never stalled.
+  CHECK_FALSE(stall.stalled(0, 6, t + 10s));
+  CHECK_FALSE(stall.stalled(0, 7, t + 10s));
+}
+
+TEST_CASE("a congested link whose updates lag their announcements by seconds does not stall", "[learner][snapshots]") {
+  StallClock stall(500ms, 16s);
+  const StallClock::Clock::time_point t0{};
+  // A version a second; each arrives 3 s after its announcement, so the learner is always about
+  // three versions behind, and the newest usable arrival is never more than 1 s old.
+  bool ever = false;
+  for (int ms = 0; ms <= 60000; ms += 50) {
+    const auto now = t0 + std::chrono::milliseconds(ms);
+    if (ms % 1000 == 0) stall.announced(0, 1 + ms / 1000, now);
+    std::optional<uint64_t> held;
+    if (ms >= 3000) {
+      const uint64_t v = 1 + (ms - 3000) / 1000;
+      if ((ms - 3000) % 1000 == 0) stall.arrived(0, v, now);
+      held = v;
+    }
+    // Until the first arrival the link's lag is unknown: the delay applies, as for a lost version.
+    if (ms >= 4000) ever = ever || stall.stalled(0, held, now);
+  }
+  CHECK_FALSE(ever);
+  CHECK(stall.threshold(0) > 5s);  // about 2 x 3 s once the average settled
+  CHECK(stall.threshold(0) <= 6s);
+  // The stream stops (the merger's last update lost): stalled once no version came for the threshold.
+  const auto end = t0 + 60s;
+  stall.announced(0, 62, end + 1s);
+  CHECK_FALSE(stall.stalled(0, 58, end + 1s + std::chrono::duration_cast<StallClock::Clock::duration>(stall.threshold(0) / 2)));
+  CHECK(stall.stalled(0, 58, end + 1s + std::chrono::duration_cast<StallClock::Clock::duration>(stall.threshold(0))));
+}
+
+TEST_CASE("however slow the link looked, a stall is asked for after at most the cap", "[learner][snapshots]") {
+  StallClock stall(500ms, 4s);
+  const StallClock::Clock::time_point t0{};
+  stall.announced(1, 1, t0);
+  stall.arrived(1, 1, t0 + 60s);  // a minute late (a cut link)
+  stall.announced(1, 2, t0 + 60s);
+  CHECK(stall.threshold(1) == 4s);
+  CHECK_FALSE(stall.stalled(1, 1, t0 + 63s));
+  CHECK(stall.stalled(1, 1, t0 + 64s));
+  // A fragment never held whose version 0 is announced stalls after the delay.
+  stall.announced(2, 0, t0);
+  CHECK(stall.stalled(2, std::nullopt, t0 + 500ms));
+  CHECK_FALSE(stall.stalled(2, 0, t0 + 10s));
+}
