@@ -28,6 +28,7 @@ plot per rate (held-out loss against wall clock, every mode).
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -233,6 +234,8 @@ def main():
                 continue
             if key in results and args.resume:
                 continue
+            if os.path.exists(run_dir):  # an earlier attempt of this run (stopped, or without a result)
+                shutil.rmtree(run_dir)
             say(f"{key}: started")
             with open(os.path.join(args.out, f"{key}.log"), "w") as log:
                 code = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT).returncode

@@ -9,6 +9,7 @@ the mergers); then samples text from the final model and writes the report.
 """
 
 import argparse
+import glob
 import json
 import os
 import re
@@ -537,6 +538,11 @@ def cluster_from_args(args, make=None):
             fail(f"{tool} is not built in {args.bin_dir} (scripts/run-local builds it; or set --bin-dir)")
     run_id = f"{config['run']['id']}-{time.strftime('%Y%m%d-%H%M%S')}"
     run_dir = os.path.abspath(args.run_dir or os.path.join(ROOT, "runs", run_id))
+    earlier = [p for p in [os.path.join(run_dir, "run.json")] + glob.glob(os.path.join(run_dir, "*", "metrics.jsonl"))
+               if os.path.exists(p)]
+    if earlier:  # the processes append to their metrics: two runs would mix in every measurement
+        fail(f"the run folder {run_dir} holds an earlier run ({os.path.relpath(earlier[0], run_dir)}): "
+             "give another --run-dir, or remove that one")
     return (make or Cluster)(config_path, args.overrides, learners, regions, mergers, speed, eval_interval, steps,
                              args.max_seconds, run_dir, args.bin_dir, run_id, tokens_per_step, fragments)
 

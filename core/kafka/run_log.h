@@ -16,9 +16,12 @@ struct StateScan {
   std::map<uint32_t, FragmentState> latest;  // fragment -> highest version seen
   std::map<uint32_t, LogPosition> positions;  // where each latest state was read
   uint64_t rejected = 0;                      // records that failed strict decoding
+  uint64_t records = 0;                       // records read (pieces of chunked ones count once)
 };
 
-// Reads `state` to its end once. Invalid records are counted and skipped, never thrown.
+// The newest state of every fragment of the layout (`limits.layout`, required) in `state`, read
+// once: only a window at the end of each partition (widened until it holds every fragment of the
+// partition), not the run's history. Invalid records are counted and skipped, never thrown.
 StateScan read_states(const KafkaOptions& kafka, const RunTopics& topics, const DecodeLimits& limits,
                       int timeout_ms = 60000);
 

@@ -58,6 +58,13 @@ grep -q "report: $run/report/index.html" "$tmp/budget.out" || { cat "$tmp/budget
 grep -q "run-local: .*learner-0 step" "$tmp/budget.out" || fail "no progress line on a non-terminal output"
 /usr/bin/python3 -c "import json,sys; r=json.load(open(sys.argv[1])); sys.exit(0 if all(c == 0 for c in r['exit_codes'].values()) else 1)" \
   "$run/run.json" || fail "a process exited uncleanly: $(cat "$run/run.json")"
+# The same folder again: refused before anything starts (the processes append to their metrics, so
+# two runs would mix in every measurement).
+if "$root/scripts/run-local" configs/tiny.toml --steps 120 --run-dir "$run" </dev/null >"$tmp/again.out" 2>&1; then
+  fail "a second run into $run was not refused"
+fi
+grep -q "holds an earlier run" "$tmp/again.out" || { cat "$tmp/again.out"; fail "no clear error for a used run folder"; }
+pass "a run folder that holds a run is refused"
 check_no_leftovers "$run"
 pass "a budgeted run ends cleanly"
 # The run folder's config.toml names the run: replay verifies every version from the logs alone.
