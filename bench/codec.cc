@@ -19,6 +19,7 @@
 
 #include "core/codec/compress.h"
 #include "core/codec/messages.h"
+#include "core/errors.h"
 
 using namespace diloco;
 
@@ -139,23 +140,39 @@ int main(int argc, char** argv) {
 
   // The learner's path: error feedback (quantize + dequantize into the residual), then encode
   // the quantized tensors.
-  for (DType dtype : {DType::INT8, DType::INT4}) {
+  // The same with top-k (configs/demo.toml: 96 of each block of 1024, int4, zstd 15; and at the
+  // default zstd level).
+  struct FeedbackRow {
+    DType dtype;
+    uint32_t block_size, topk;
+    int zstd_level;
+  };
+  const CodecOptions defaults;
+  for (const FeedbackRow row : {FeedbackRow{DType::INT8, defaults.block_size, 0, defaults.zstd_level},
+                                FeedbackRow{DType::INT4, defaults.block_size, 0, defaults.zstd_level},
+                                FeedbackRow{DType::INT4, 1024, 96, defaults.zstd_level},
+                                FeedbackRow{DType::INT4, 1024, 96, 15}}) {
     CodecOptions options;
-    options.dtype = dtype;
+    options.dtype = row.dtype;
+    options.block_size = row.block_size;
+    options.topk = row.topk;
+    options.zstd_level = row.zstd_level;
     std::vector<ErrorFeedback> feedback;
     for (const auto& t : tensors) feedback.emplace_back(static_cast<int64_t>(t.values.size()));
     std::vector<uint8_t> wire;
     const Stats enc = time_runs(runs, [&] {
       std::vector<QuantizedTensor> q;
       for (size_t k = 0; k < tensors.size(); ++k)
-        q.push_back(feedback[k].push(tensors[k].index, tensors[k].shape, tensors[k].values,
-                                     dtype, options.block_size));
+        q.push_back(feedback[k].push(tensors[k].index, tensors[k].shape, tensors[k].values, row.dtype,
+                                     row.block_size, row.topk));
       wire = encode_delta(header, std::span<const QuantizedTensor>(q), options);
     });
-    std::printf("| %s + error feedback | no | %zu | %.3f | %.4f | %.0f (%.0f) | - | - |\n",
-                dtype_name(dtype), wire.size(), static_cast<double>(wire.size()) / numel,
-                static_cast<double>(wire.size()) / fp32_bytes, mbps(fp32_bytes, enc.best),
-                mbps(fp32_bytes, enc.median));
+    const std::string name = row.topk ? detail::concat(dtype_name(row.dtype), " + error feedback, top-k ", row.topk,
+                                                       "/", row.block_size, ", zstd ", row.zstd_level)
+                                      : detail::concat(dtype_name(row.dtype), " + error feedback");
+    std::printf("| %s | no | %zu | %.3f | %.4f | %.0f (%.0f) | - | - |\n", name.c_str(), wire.size(),
+                static_cast<double>(wire.size()) / numel, static_cast<double>(wire.size()) / fp32_bytes,
+                mbps(fp32_bytes, enc.best), mbps(fp32_bytes, enc.median));
   }
 
   // Where int4 time goes: each stage alone, MB/s of fp32 values (best of the runs).

@@ -38,9 +38,7 @@ def analyse(run):
     t_cut, t_back, region = cut["time_us"], back["time_us"], cut["region"]
     run_info = json.load(open(os.path.join(run, "run.json")))
     learners = sorted(d for d in os.listdir(run) if d.startswith("learner-") and os.path.isdir(os.path.join(run, d)))
-    regions = run_info.get("regions") or []
-    # scripts/run-local puts learner i in region i mod the number of regions.
-    cut_learners = [n for n in learners if regions and regions[int(n.split("-")[1]) % len(regions)] == region]
+    cut_learners = [n for n, r in (run_info.get("learner_regions") or {}).items() if r == region]
     mergers = sorted(d for d in os.listdir(run) if d.startswith("merger-") and os.path.isdir(os.path.join(run, d)))
     merges = sorted((e for m in mergers for e in events(run, m, "merge")), key=lambda e: e["time_us"])
     out = {"region": region, "cut_seconds": round((t_back - t_cut) / 1e6, 1), "learners": {}}
@@ -51,7 +49,7 @@ def analyse(run):
         first_late = next(((e, i) for e in after for i in e["inputs"] if i["learner"] == n), None)
         adopts = [e for e in events(run, n, "adopt") if e["time_us"] > t_back]
         out["learners"][n] = {
-            "cut": n in cut_learners,
+            "cut": n in cut_learners if "learner_regions" in run_info else None,  # older run.json: unknown
             "tokens_per_s_before": tokens_per_s([e for e in steps if e["time_us"] < t_cut]),
             "tokens_per_s_during": tokens_per_s([e for e in steps if t_cut <= e["time_us"] <= t_back]),
             "deltas_delivered": shutdown.get("delivered"),

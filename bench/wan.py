@@ -38,6 +38,7 @@ sys.path.insert(0, os.path.join(ROOT, "scripts"))
 sys.path.insert(0, os.path.join(ROOT, "bench"))
 from run_local import read_jsonl  # noqa: E402
 import quality  # noqa: E402  (the rows' overrides: one definition of each mode)
+import report  # noqa: E402  (its Plotter)
 
 MODES = {
     "decoupled": "Decoupled K=1+grace (int4, aligned) nesterov",
@@ -129,9 +130,7 @@ def write_plots(args, results, out_dir):
     """One plot per rate: the global model's held-out loss against seconds since the first learner
     started, every mode, the target as a line; log time, since the modes differ by 10x and more."""
     try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        plotter = report.Plotter(out_dir)
     except ImportError:
         say("no matplotlib (python3-matplotlib): no plots")
         return []
@@ -140,22 +139,17 @@ def write_plots(args, results, out_dir):
         runs = [(mode, results[f"{rate}-{mode}"]) for mode in args.modes if results.get(f"{rate}-{mode}", {}).get("curve")]
         if not runs:
             continue
-        fig, ax = plt.subplots(figsize=(8, 4.5), dpi=100)
+        fig, ax = plotter.figure(f"Held-out loss of the global model, every region behind {rate}",
+                                 "seconds since the first learner started (log)", "held-out loss (nats/char)")
         for mode, r in runs:
             xs, ys = zip(*r["curve"])
             ax.plot(xs, ys, label=MODES[mode])
         ax.axhline(args.target, color="grey", linestyle="--", linewidth=1, label=f"target {args.target}")
         ax.set_xscale("log")
         ax.set_ylim(top=min(4.8, max(y for _, r in runs for _, y in r["curve"]) + 0.1))
-        ax.set_title(f"Held-out loss of the global model, every region behind {rate}")
-        ax.set_xlabel("seconds since the first learner started (log)")
-        ax.set_ylabel("held-out loss (nats/char)")
-        ax.grid(True, alpha=0.3)
         ax.legend(fontsize=8)
-        fig.tight_layout()
         name = f"heldout_vs_time_{rate}.png"
-        fig.savefig(os.path.join(out_dir, name))
-        plt.close(fig)
+        plotter.save(fig, name)
         names.append(name)
     return names
 

@@ -89,7 +89,6 @@ void ParamInbox::run() {
   // Versions announced and versions arrived, per fragment: when a lag stalls (learner/snapshot_asks.h).
   StallClock stall(std::chrono::duration<double>(options_.request_delay_s),
                    std::chrono::duration<double>(options_.request_interval_max_s));
-  std::set<uint32_t> announced;  // fragments some merger announced
   SnapshotAsks asks(std::chrono::duration<double>(options_.request_interval_s),
                     std::chrono::duration<double>(options_.request_interval_max_s));
   // The newest version of each fragment held in full: what the next update applies to. The same
@@ -122,11 +121,11 @@ void ParamInbox::run() {
       }
       it = announced_checksum.erase(it);  // checked once per announcement
     }
-    for (const uint32_t p : announced) {
+    for (const uint32_t p : stall.fragments()) {
       const auto h = held.find(p);
       const std::optional<uint64_t> version =
           h == held.end() ? std::nullopt : std::optional<uint64_t>(h->second->version);
-      if (version && *version >= stall.announced_version(p)) continue;
+      if (!stall.behind(p, version)) continue;
       // Until the first read of `members` reaches its end, what it announces was published before
       // this subscriber connected and will not arrive by itself: asked for at once.
       if (!members_caught_up_ || stall.stalled(p, version, now)) wanted.insert(p);
@@ -166,7 +165,6 @@ void ParamInbox::run() {
                   auto& heard = owner_heard_[m.owned_fragments[i]];
                   if (message->timestamp_ms >= heard.stamp_ms) heard = {message->timestamp_ms, m.announce_interval_s};
                 }
-                announced.insert(m.owned_fragments[i]);
                 stall.announced(m.owned_fragments[i], m.fragment_versions[i], Clock::now());
                 if (i < m.fragment_checksums.size())
                   announced_checksum[m.owned_fragments[i]] = {m.fragment_versions[i], m.fragment_checksums[i]};

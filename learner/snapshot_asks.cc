@@ -57,15 +57,22 @@ std::chrono::duration<double> StallClock::threshold(uint32_t p) const {
   return std::clamp(lag, delay_, max_);
 }
 
-uint64_t StallClock::announced_version(uint32_t p) const {
+std::vector<uint32_t> StallClock::fragments() const {
+  std::vector<uint32_t> out;
+  for (const auto& [p, t] : tracks_)
+    if (t.any) out.push_back(p);
+  return out;
+}
+
+bool StallClock::behind(uint32_t p, std::optional<uint64_t> held) const {
   const auto it = tracks_.find(p);
-  return it == tracks_.end() ? 0 : it->second.announced;
+  return it != tracks_.end() && it->second.any && (!held || *held < it->second.announced);
 }
 
 bool StallClock::stalled(uint32_t p, std::optional<uint64_t> held, Clock::time_point now) const {
+  if (!behind(p, held)) return false;
   const auto it = tracks_.find(p);
-  if (it == tracks_.end() || it->second.first_seen.empty()) return false;  // nothing announced
-  if (held && *held >= it->second.announced) return false;
+  if (it->second.first_seen.empty()) return false;  // not when behind: the newest stays until it arrives
   // Behind since the oldest announcement not yet arrived, or since the last progress if later.
   auto since = it->second.first_seen.begin()->second;
   if (it->second.progress && *it->second.progress > since) since = *it->second.progress;

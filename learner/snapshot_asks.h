@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <map>
 #include <optional>
+#include <vector>
 
 namespace diloco {
 
@@ -60,12 +61,13 @@ class StallClock {
   void announced(uint32_t p, uint64_t version, Clock::time_point now);
   // A usable `version` of p arrived (an update applied, or a snapshot): progress.
   void arrived(uint32_t p, uint64_t version, Clock::time_point now);
-  // Whether p, of which `held` is held (nullopt: none), is behind its newest announcement and made
-  // no progress for threshold(p).
+  // The fragments some merger announced.
+  std::vector<uint32_t> fragments() const;
+  // Whether p, of which `held` is held (nullopt: none), is behind its newest announcement.
+  bool behind(uint32_t p, std::optional<uint64_t> held) const;
+  // Whether p is behind and made no progress for threshold(p).
   bool stalled(uint32_t p, std::optional<uint64_t> held, Clock::time_point now) const;
   std::chrono::duration<double> threshold(uint32_t p) const;
-  // The newest announced version of p (0 when none).
-  uint64_t announced_version(uint32_t p) const;
 
  private:
   struct Track {

@@ -376,6 +376,7 @@ class Cluster:
         self.info = {"run_id": run_id, "config": os.path.relpath(config_path, ROOT), "overrides": overrides,
                      "learners": learners, "regions": regions, "mergers": mergers,
                      "speed_factors": [self.speed_of(i) for i in range(learners)],
+                     "learner_regions": {self.learner_names[i]: self.region_of(i) for i in range(learners)},
                      "steps_per_learner": steps, "tokens_per_step": tokens_per_step,
                      "max_seconds": max_seconds, "start_time": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
 
@@ -419,13 +420,17 @@ class Cluster:
         return self._start(name, "merger", [os.path.join(self.bin_dir, "diloco-merger"), *self._common(), "--id", name,
                                             "--run-dir", os.path.join(self.run_dir, name), *self.merger_args(name)])
 
+    def region_of(self, i):
+        """The region of learner i: the regions in turn."""
+        return self.regions[i % len(self.regions)]
+
     def start_learner(self, i, max_seconds=None):
         """Learner i (again, under the same id, after a failure); max_seconds: its time budget."""
         name = self.learner_names[i]
         max_seconds = self.max_seconds if max_seconds is None else max_seconds
         return self._start(name, "learner",
                            [os.path.join(self.bin_dir, "diloco-learner"), *self._common(), "--id", name, "--index", str(i),
-                            "--learners", str(self.learners), "--region", self.regions[i % len(self.regions)],
+                            "--learners", str(self.learners), "--region", self.region_of(i),
                             "--regions", ",".join(self.regions), "--steps", str(self.steps),
                             "--speed-factor", str(self.speed_of(i)), "--run-dir", os.path.join(self.run_dir, name)]
                            + (["--max-seconds", f"{max_seconds:.1f}"] if max_seconds else []))

@@ -179,8 +179,7 @@ class WanCluster(rl.Cluster):
 
     def namespace_of(self, name, role):
         if role == "learner":
-            i = self.learner_names.index(name)
-            return self.net.region_ns[self.regions[i % len(self.regions)]]
+            return self.net.region_ns[self.region_of(self.learner_names.index(name))]
         return self.net.core
 
     def command(self, name, role, argv):

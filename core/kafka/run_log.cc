@@ -32,8 +32,8 @@ void scan_record(StateScan& scan, const ConsumedMessage& m, const DecodeLimits& 
 StateScan read_states(const KafkaOptions& kafka, const RunTopics& topics, const DecodeLimits& limits,
                       int timeout_ms) {
   StateScan scan;
-  LogReader reader(kafka);
   DILOCO_ENFORCE(limits.layout != nullptr, "reading ", topics.state(), " needs the run's layout");
+  LogReader reader(kafka);
   const uint32_t fragments = limits.layout->num_fragments();
   // Fragment p's states are in partition p % partitions, and versions only go forward: the last
   // state of each fragment is near its partition's end. Read a window at the end, four times
