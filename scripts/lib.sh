@@ -6,6 +6,10 @@ DILOCO_CACHE="${DILOCO_CACHE:-$DILOCO_ROOT/.cache}"
 # The pinned broker version lives in broker_config/pom.xml only.
 KAFKA_VERSION="$(sed -n 's:.*<kafka.version>\(.*\)</kafka.version>.*:\1:p' "$DILOCO_ROOT/broker_config/pom.xml")"
 KAFKA_LIB_DIR="$DILOCO_CACHE/kafka-$KAFKA_VERSION/lib"
+# The project's Python (scripts/bootstrap makes it): Debian's python3 in a venv that sees Debian's
+# torch, NumPy and matplotlib, with the package python/ on its path.
+DILOCO_VENV="${DILOCO_VENV:-$DILOCO_ROOT/.venv}"
+DILOCO_PYTHON="$DILOCO_VENV/bin/python"
 
 say() { printf '%s\n' "$*" >&2; }
 die() { printf 'error: %s\n' "$*" >&2; exit 1; }
