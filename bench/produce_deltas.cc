@@ -3,7 +3,12 @@
 // them (a backlog to drain) or at a fixed pace (a steady stream for the failover measurement).
 //
 //   bench-produce_deltas -c configs/demo.toml --set run.id="X" --learners 4 --rounds 100
-//                        [--region r0] [--pace 0] [--summary FILE]
+//                        [--region r0] [--pace 0] [--summary FILE] [--genesis]
+//
+// A run's version 0 comes from a learner's proposal, which a merger commits: --genesis first
+// proposes the built-in model's layout with seeded values (N(0, 0.02)) for every fragment that
+// has no version 0 and waits until a running merger committed them (--rounds 0: nothing more).
+// Deltas of a fragment without version 0 are rejected, so a backlog is made after that.
 //
 // Round r (r = 0, 1, ...) sends, for every fragment p and every fake learner m = 0..K-1 in that
 // order, one delta of fragment p. Its base (--bases):
@@ -44,9 +49,56 @@
 #include "core/kafka/producer.h"
 #include "core/kafka/topics.h"
 #include "core/process.h"
-#include "core/train/model_setup.h"
+#include "core/kafka/run_log.h"
+#include "core/model/builtin_specs.h"
+#include "core/codec/chunk.h"
+#include "core/fragments/message_budget.h"
 
 using namespace diloco;
+
+namespace {
+
+// Proposes seeded values of every fragment without version 0, as a learner would, and waits until
+// a merger committed every fragment's version 0.
+void propose_genesis(const KafkaOptions& kafka, const RunConfig& config, const RunTopics& topics,
+                     const std::shared_ptr<const FragmentLayout>& layout, const std::string& region, int partitions) {
+  const DecodeLimits limits = run_decode_limits(config, *layout);
+  const uint32_t P = layout->num_fragments();
+  StateScan scan = read_states(kafka, topics, limits, P);
+  std::mt19937 rng(static_cast<uint32_t>(config.run.seed));
+  std::normal_distribution<float> normal(0.0f, 0.02f);
+  int failed = 0;
+  Producer producer(ProducerOptions{.kafka = kafka}, [&](const DeliveryReport& r) { failed += r.ok ? 0 : 1; });
+  const uint64_t seq = static_cast<uint64_t>(unix_us() / 1000);
+  for (uint32_t p = 0; p < P; ++p) {
+    if (scan.latest.count(p)) continue;
+    GenesisProposal proposal{.run_id = config.run.id, .fingerprint = layout->fingerprint, .learner_id = "fake-genesis",
+                             .region = region, .fragment = p, .seq = seq, .send_time_us = unix_us(), .layout = layout};
+    for (uint32_t t = 0; t < layout->fragments[p].size(); ++t) {
+      const auto& spec = layout->fragments[p][t];
+      std::vector<float> v(static_cast<size_t>(spec.numel()));
+      for (auto& x : v) x = normal(rng);
+      proposal.tensors.push_back(DenseTensor{t, spec.shape, std::move(v)});
+    }
+    const auto bytes = encode_genesis_proposal(proposal);
+    for_each_piece(bytes, ChunkId{config.run.id, proposal.learner_id, p, seq}, config.codec.chunk_bytes,
+                   [&](uint32_t, uint32_t, std::span<const uint8_t> piece) {
+                     producer.produce({.topic = topics.genesis(), .partition = static_cast<int32_t>(p % static_cast<uint32_t>(partitions)),
+                                       .key = std::to_string(p), .value = piece},
+                                      p, 60000);
+                   });
+  }
+  if (producer.flush(60000) != 0 || failed) throw Unavailable("the proposals of version 0 were not delivered");
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::minutes(5);
+  while (read_states(kafka, topics, limits, P).latest.size() < P) {
+    if (std::chrono::steady_clock::now() > deadline || stop_requested())
+      throw Unavailable("version 0 was not committed within 5 minutes: is a merger of the run running?");
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  }
+  std::cerr << "bench-produce_deltas: version 0 of every fragment is committed\n";
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"bench-produce_deltas: fake learners producing real-sized deltas for the merger benchmarks"};
@@ -69,13 +121,17 @@ int main(int argc, char** argv) {
   app.add_option("--pace", pace, "seconds between two rounds (0: as fast as the broker takes them)")->capture_default_str();
   app.add_option("--bootstrap", bootstrap, "Kafka bootstrap servers")->capture_default_str();
   app.add_option("--summary", summary, "write a JSON summary here");
+  bool genesis_first = false;
+  app.add_flag("--genesis", genesis_first,
+               "first propose version 0 of every fragment without one and wait until a merger committed it");
   CLI11_PARSE(app, argc, argv);
   install_stop_handlers();
   return_large_buffers();
 
   try {
     RunConfig config = load_run_config(config_file, overrides);
-    const FragmentLayout layout = build_layout(config);  // no model is allocated
+    const auto layout_ptr = std::make_shared<const FragmentLayout>(builtin_layout(config));  // no model is allocated
+    const FragmentLayout& layout = *layout_ptr;
     const uint32_t P = layout.num_fragments();
     KafkaOptions kafka{.bootstrap_servers = bootstrap, .client_id = "bench-produce_deltas"};
     RunTopics topics{config.run.id};
@@ -85,6 +141,7 @@ int main(int argc, char** argv) {
       Consumer probe(ConsumerOptions{.kafka = kafka});
       partitions = probe.partition_count(topics.deltas(region), 10000);
     }
+    if (genesis_first) propose_genesis(kafka, config, topics, layout_ptr, region, partitions);
 
     // One set of delta tensors per (learner, fragment), seeded, kept quantized as they travel (int4:
     // about 0.5 bytes per parameter and learner; the fp32 values of one tensor exist at a time).

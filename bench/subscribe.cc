@@ -26,7 +26,7 @@
 #include "core/fragments/message_budget.h"
 #include "core/kafka/topics.h"
 #include "core/process.h"
-#include "core/train/model_setup.h"
+#include "core/model/builtin_specs.h"
 #include "learner/param_inbox.h"
 
 using namespace diloco;
@@ -46,7 +46,7 @@ int main(int argc, char** argv) {
   return_large_buffers();
   try {
     const RunConfig config = load_run_config(config_file, overrides);
-    const FragmentLayout layout = build_layout(config);  // the layout only, no model
+    const FragmentLayout layout = builtin_layout(config);  // the layout only, no model
     const uint32_t P = layout.num_fragments();
     int64_t parameters = 0;
     for (uint32_t p = 0; p < P; ++p) parameters += layout.fragment_numel(p);

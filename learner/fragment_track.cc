@@ -133,4 +133,41 @@ std::vector<std::vector<float>> FragmentTrack::carried_residual() const {
   return out;
 }
 
+FragmentTrack::Saved FragmentTrack::save() const {
+  auto residuals = [](const std::vector<ErrorFeedback>& list) {
+    std::vector<std::vector<float>> out;
+    for (const auto& f : list) out.emplace_back(f.residual().begin(), f.residual().end());
+    return out;
+  };
+  return Saved{.version = version_, .checksum = checksum_, .anchor = anchor_, .carried = residuals(carried_),
+               .last_cut = residuals(last_cut_), .sent_on_base = sent_on_base_, .steps = steps_, .tokens = tokens_,
+               .cut_point = cut_point_, .steps_at_cut = steps_at_cut_, .tokens_at_cut = tokens_at_cut_};
+}
+
+FragmentTrack FragmentTrack::restore(Saved saved) {
+  const size_t n = saved.anchor.size();
+  auto sizes_match = [&](const std::vector<std::vector<float>>& list, bool may_be_empty) {
+    if (list.empty()) return may_be_empty;
+    if (list.size() != n) return false;
+    for (size_t t = 0; t < n; ++t)
+      if (list[t].size() != saved.anchor[t].values.size()) return false;
+    return true;
+  };
+  if (!sizes_match(saved.carried, false) || !sizes_match(saved.last_cut, !saved.sent_on_base) ||
+      !sizes_match(saved.cut_point, !saved.sent_on_base) || saved.steps_at_cut > saved.steps ||
+      saved.tokens_at_cut > saved.tokens)
+    throw InvalidInput("a saved fragment's residuals, cut point or counters do not agree with its anchor");
+  FragmentTrack out(std::move(saved.anchor), saved.version, saved.checksum);
+  out.carried_.clear();
+  for (auto& r : saved.carried) out.carried_.emplace_back(std::move(r));
+  for (auto& r : saved.last_cut) out.last_cut_.emplace_back(std::move(r));
+  out.sent_on_base_ = saved.sent_on_base;
+  out.steps_ = saved.steps;
+  out.tokens_ = saved.tokens;
+  out.cut_point_ = std::move(saved.cut_point);
+  out.steps_at_cut_ = saved.steps_at_cut;
+  out.tokens_at_cut_ = saved.tokens_at_cut;
+  return out;
+}
+
 }  // namespace diloco

@@ -36,6 +36,21 @@ std::vector<DenseTensor> blend(const std::vector<DenseTensor>& local, const std:
 
 class FragmentTrack {
  public:
+  // Everything the track holds but a pending wait: what a learner's saved state keeps of it.
+  struct Saved {
+    uint64_t version = 0;
+    uint64_t checksum = 0;
+    std::vector<DenseTensor> anchor;
+    std::vector<std::vector<float>> carried;   // residual carried into the base, per tensor
+    std::vector<std::vector<float>> last_cut;  // residual after the last cut on the base (empty: none)
+    bool sent_on_base = false;
+    uint32_t steps = 0;
+    uint64_t tokens = 0;
+    std::vector<std::vector<float>> cut_point;  // parameters at the last cut on the base (empty: none)
+    uint32_t steps_at_cut = 0;
+    uint64_t tokens_at_cut = 0;
+  };
+
   FragmentTrack() = default;
   // Starts on `version` whose parameters are `anchor`, with zero residual and counters.
   FragmentTrack(std::vector<DenseTensor> anchor, uint64_t version, uint64_t checksum = 0);
@@ -87,6 +102,10 @@ class FragmentTrack {
   bool sent_on_base() const { return sent_on_base_; }
   // Residual the next cut on the current base starts from (one vector per tensor).
   std::vector<std::vector<float>> carried_residual() const;
+
+  Saved save() const;
+  // Throws InvalidInput when the saved sizes do not agree with its anchor.
+  static FragmentTrack restore(Saved saved);
 
  private:
   struct Wait {

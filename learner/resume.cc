@@ -20,7 +20,7 @@ ResumePoint resume_point(const std::string& self, std::span<const MemberRecord> 
   std::optional<uint64_t> own;
   for (const auto& [key, r] : newest) {
     const Member& m = *r->member;
-    const bool live = now - r->stamp_ms <= liveness_ms;
+    const bool live = !m.leaving && now - r->stamp_ms <= liveness_ms;
     if (m.role == Role::Learner && key == self) {
       own = m.step;
     } else if (m.role == Role::Learner && live) {

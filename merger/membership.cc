@@ -9,8 +9,9 @@ Membership::Membership(double liveness_seconds) : window_us_(static_cast<int64_t
 std::optional<float> Membership::observe(const std::string& key, int64_t stamp_ms, const std::optional<Member>& member) {
   const int64_t stamp_us = stamp_ms * 1000;
   now_us_ = std::max(now_us_, stamp_us);
-  if (!member) {
-    heard_.erase(key);
+  // A tombstone, or the last announcement of a clean stop: the learner left.
+  if (!member || member->leaving) {
+    heard_.erase(member ? member->instance_id : key);
     return std::nullopt;
   }
   if (member->role != Role::Learner) return std::nullopt;

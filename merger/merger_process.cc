@@ -17,6 +17,7 @@
 #include <zmq.hpp>
 
 #include "core/codec/chunk.h"
+#include "core/fragments/partition.h"
 #include "core/fragments/message_budget.h"
 #include "core/kafka/chunk_assembler.h"
 #include "core/kafka/consumer.h"
@@ -24,7 +25,6 @@
 #include "core/kafka/traffic.h"
 #include "core/metrics/metrics.h"
 #include "core/process.h"
-#include "core/model/cpu_runtime.h"
 #include "core/zmq/params_channel.h"
 #include "merger/fragment_merger.h"
 #include "merger/grace_window.h"
@@ -76,20 +76,25 @@ class MergerProcess : public RebalanceListener {
 
  private:
   double now() const { return std::chrono::duration<double>(Clock::now() - start_).count(); }
+  // What a message must be: with the run's layout once known; before it (no learner's proposal
+  // committed yet), only proposals are expected, which carry their own layout.
   DecodeLimits limits() const {
-    return run_decode_limits(o_.config, layout_);
+    if (layout_) return run_decode_limits(o_.config, *layout_);
+    return DecodeLimits{.run_id = o_.config.run.id, .max_message_bytes = kMaxLogicalMessageBytes,
+                        .max_decompressed_bytes = kMaxLogicalMessageBytes};
   }
+  uint64_t fingerprint() const { return layout_ ? layout_->fingerprint : 0; }
   LogContext log_context() const {
     if (!log_reader_) log_reader_ = std::make_shared<LogReader>(o_.kafka);
-    return LogContext{.kafka = o_.kafka, .topics = topics_, .config = &o_.config, .layout = &layout_,
-                      .genesis = genesis_from_seed(o_.config, layout_),
+    return LogContext{.kafka = o_.kafka, .topics = topics_, .config = &o_.config, .layout = layout_,
                       .limits = limits(), .pool = &pool_, .reader = log_reader_};
   }
   std::vector<uint32_t> fragments_of(int32_t partition) const;
-  InputBounds input_bounds() const {
-    return InputBounds{.tokens_per_step = static_cast<uint64_t>(o_.config.train.batch * o_.config.model.context),
-                       .max_norm_ratio = o_.config.merger.max_norm_ratio};
-  }
+  // Learners report their own tokens (a user's model, any batch): only the decoder's bound on
+  // tokens per step and the norm bound apply.
+  InputBounds input_bounds() const { return InputBounds{.max_norm_ratio = o_.config.merger.max_norm_ratio}; }
+  void adopt_layout(std::shared_ptr<const FragmentLayout> layout);
+  void handle_proposal(const ConsumedMessage& message);
   void abandon_merge(uint32_t p, MergePlan& plan, const std::string& reason);
   void recover(const std::set<int32_t>& partitions);
   bool ensure_recovered();
@@ -109,7 +114,6 @@ class MergerProcess : public RebalanceListener {
   RoundTiming round_timing(const FragmentMerger& merger, const MergePlan& plan,
                            const std::vector<std::string>& live) const;
   void commit(uint32_t p, MergeRecord& record, bool write_state);
-  void write_genesis(const std::vector<uint32_t>& fragments);
   std::vector<TopicPartitionOffset> offsets_to_commit() const;
   std::vector<TopicPartitionOffset> offsets_holding(const std::vector<LogPosition>& held) const;
   void publish(uint32_t p);  // a snapshot of the current version, to every subscriber
@@ -121,7 +125,6 @@ class MergerProcess : public RebalanceListener {
   void announce(bool leaving);
   void stop_fragments();
   MergeRecord accounting_record(uint32_t p, std::vector<DroppedDelta> dropped) const;
-  std::vector<TopicPartitionOffset> committed_offsets();
   void log(nlohmann::json record);
   int32_t partition_of(uint32_t fragment) const { return static_cast<int32_t>(fragment % static_cast<uint32_t>(partitions_)); }
 
@@ -134,10 +137,11 @@ class MergerProcess : public RebalanceListener {
   mutable std::shared_ptr<LogReader> log_reader_;
   int recoveries_ = 0;  // recoveries attempted
   int rewinds_ = 0;     // rewinds attempted
-  // The layout only: version 0 of a fragment no checkpoint holds is generated from the seed
-  // when a recovery needs it (genesis_from_seed), so no seeded model of every fragment (4 bytes
-  // per parameter) is ever held.
-  FragmentLayout layout_;
+  // The run's model layout: from the checkpoints in `state`, or from the first proposal of version
+  // 0 this merger commits; null until then (the merger holds no model of its own).
+  std::shared_ptr<const FragmentLayout> layout_;
+  // Owned fragments no learner's proposal of version 0 was committed for yet.
+  std::set<uint32_t> awaiting_genesis_;
   RunTopics topics_;
   Metrics metrics_{"diloco_merger_"};
   std::unique_ptr<JsonLines> log_;
@@ -174,7 +178,7 @@ class MergerProcess : public RebalanceListener {
 };
 
 MergerProcess::MergerProcess(const MergerOptions& options, const std::atomic<bool>& stop)
-    : o_(options), t_(options.timeouts), stop_(stop), pool_(options.merge_threads), layout_(build_layout(options.config)), topics_{options.config.run.id},
+    : o_(options), t_(options.timeouts), stop_(stop), pool_(options.merge_threads), topics_{options.config.run.id},
       grace_(GraceWindowOptions{.gamma = options.config.merger.grace_gamma,
                                 .tau = options.config.merger.grace_tau,
                                 .cap_step_times = options.config.merger.grace_cap_steps,
@@ -183,10 +187,20 @@ MergerProcess::MergerProcess(const MergerOptions& options, const std::atomic<boo
       snapshots_(SnapshotRequestOptions{.interval = std::chrono::milliseconds(options.timeouts.snapshot_interval_ms),
                                         .resend = std::chrono::milliseconds(options.timeouts.snapshot_resend_ms),
                                         .queue_bytes = options.snapshot_queue_bytes}) {
-  // A config whose chunks cannot fit one Kafka record, or whose messages one buffer, is refused
-  // at start-up.
-  check_message_sizes(o_.config, layout_, o_.kafka.max_message_bytes);
+  validate_run_config(o_.config);
   chunks_ = std::make_unique<ChunkAssembler>(limits());
+}
+
+// The run's layout, once: a model whose messages cannot travel is refused (the learners check it
+// before proposing, so a proposal that fails here was made with other Kafka limits).
+void MergerProcess::adopt_layout(std::shared_ptr<const FragmentLayout> layout) {
+  check_message_sizes(o_.config, *layout, o_.kafka.max_message_bytes);
+  layout_ = std::move(layout);
+  chunks_ = std::make_unique<ChunkAssembler>(limits());
+  log({{"event", "layout"}, {"fingerprint", layout_->fingerprint}, {"tensors", layout_->tensors.size()},
+       {"parameters", layout_->numel()}, {"fragments", layout_->num_fragments()}});
+  std::cerr << "merger " << o_.instance_id << ": the run's model has " << layout_->tensors.size() << " tensors, "
+            << layout_->numel() << " parameters in " << layout_->num_fragments() << " fragments\n";
 }
 
 void MergerProcess::log(nlohmann::json record) {
@@ -198,7 +212,7 @@ void MergerProcess::log(nlohmann::json record) {
 
 std::vector<uint32_t> MergerProcess::fragments_of(int32_t partition) const {
   std::vector<uint32_t> out;
-  for (uint32_t p = static_cast<uint32_t>(partition); p < layout_.num_fragments(); p += static_cast<uint32_t>(partitions_))
+  for (uint32_t p = static_cast<uint32_t>(partition); p < o_.config.diloco.fragments; p += static_cast<uint32_t>(partitions_))
     out.push_back(p);
   return out;
 }
@@ -250,40 +264,40 @@ void MergerProcess::forget_consumed() {
   spans_.clear();
 }
 
-// One transaction per fragment, so that only one fragment's encoded checkpoint (and librdkafka's
-// copy of it) is held at a time. A crash between two leaves some fragments without a checkpoint;
-// the next recovery generates those again, with the same bits.
-void MergerProcess::write_genesis(const std::vector<uint32_t>& fragments) {
-  for (uint32_t p : fragments) {
-    std::vector<LogWrite> writes;
-    add_state_write(writes, owned_.at(p).state);
-    writer_->commit(writes, committed_offsets(), *consumer_);
-    log({{"event", "genesis"}, {"fragment", p}});
-  }
-}
-
 void MergerProcess::recover(const std::set<int32_t>& partitions) {
   auto t0 = Clock::now();
   owned_.clear();
+  awaiting_genesis_.clear();
   if (++recoveries_ == faults_.fail_recovery)
     throw Unavailable("fault injection: recovery " + std::to_string(recoveries_) + " fails");
-  std::vector<uint32_t> genesis;
+  if (!layout_)
+    if (auto layout = read_run_layout(o_.kafka, topics_, o_.config, t_.metadata_ms)) adopt_layout(std::move(layout));
   for (int32_t partition : partitions) {
     auto fragments = fragments_of(partition);
+    if (!layout_) {  // the run has no version 0 anywhere yet
+      awaiting_genesis_.insert(fragments.begin(), fragments.end());
+      continue;
+    }
     auto recovered = recover_partition(log_context(), partition, fragments);
     for (auto& [p, r] : recovered) {
+      if (r.awaiting_genesis) {
+        awaiting_genesis_.insert(p);
+        continue;
+      }
       OwnedFragment f;
       f.merger = std::make_unique<FragmentMerger>(p, r.state.version, outer_hyper(o_.config), now(),
                                                   r.state.merged_bases, input_bounds());
       f.state = std::move(r.state);
-      if (r.from_genesis) genesis.push_back(p);
-      log({{"event", "recovered"}, {"fragment", p}, {"version", f.state.version}, {"replayed", r.replayed.size()},
-           {"from_genesis", r.from_genesis}});
+      log({{"event", "recovered"}, {"fragment", p}, {"version", f.state.version}, {"replayed", r.replayed.size()}});
       owned_[p] = std::move(f);
       metrics_.set("fragment_version", static_cast<double>(owned_[p].state.version), {{"fragment", std::to_string(p)}});
     }
   }
-  write_genesis(genesis);
+  if (!awaiting_genesis_.empty()) {
+    std::cerr << "merger " << o_.instance_id << ": waiting for a learner's proposal of version 0 of fragment(s)";
+    for (uint32_t p : awaiting_genesis_) std::cerr << " " << p;
+    std::cerr << "\n";
+  }
   // Nothing is broadcast: learners hold what the logs hold (they start from the `state` topic) and
   // ask for a snapshot when this merger's heartbeat, sent next, names a version they lack.
   double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
@@ -300,6 +314,7 @@ void MergerProcess::on_assigned(const std::vector<TopicPartitionOffset>& partiti
   assigned_.clear();
   for (const auto& tp : partitions) assigned_.insert(tp.partition);
   owned_.clear();
+  awaiting_genesis_.clear();
   forget_consumed();
   log({{"event", "assigned"}, {"partitions", std::vector<int32_t>(assigned_.begin(), assigned_.end())}, {"epoch", epoch_}});
   recover_needed_ = true;
@@ -334,6 +349,7 @@ bool MergerProcess::ensure_recovered() {
       std::cerr << "merger " << o_.instance_id << ": broker unavailable, retrying recovery: " << e.what() << "\n";
       log({{"event", "recovery_failed"}, {"detail", e.what()}});
       owned_.clear();
+      awaiting_genesis_.clear();
       std::this_thread::sleep_for(std::chrono::milliseconds(t_.recovery_retry_ms));
     }
   }
@@ -379,6 +395,7 @@ void MergerProcess::on_revoked(const std::vector<TopicPartitionOffset>&) {
   // Held deltas are not recorded: their offsets are not committed, so the next owner reads them.
   log({{"event", "revoked"}, {"fragments", owned_.size()}});
   owned_.clear();
+  awaiting_genesis_.clear();
   assigned_.clear();
   forget_consumed();
 }
@@ -410,6 +427,15 @@ void MergerProcess::handle_delta(ConsumedMessage record) {
   if (!assembled.message) return;  // a piece of a delta still incomplete, or a bad piece
   const ConsumedMessage& message = *assembled.message;
   if (message.end() > message.offset) spans_[{message.topic, message.partition}][message.offset] = message.end();
+  if (message.topic == topics_.genesis()) {
+    handle_proposal(message);
+    return;
+  }
+  const std::string no_genesis = "a delta of a fragment without version 0 (no learner's proposal was committed)";
+  if (!layout_) {
+    reject(message, "no_genesis", no_genesis);
+    return;
+  }
   Delta delta;
   try {
     delta = decode_delta(message.value, limits(), DeltaValues::AsSent);
@@ -418,6 +444,10 @@ void MergerProcess::handle_delta(ConsumedMessage record) {
     return;
   }
   uint32_t p = delta.header.fragment;
+  if (awaiting_genesis_.count(p)) {
+    reject(message, "no_genesis", no_genesis);
+    return;
+  }
   auto it = owned_.find(p);
   if (p % static_cast<uint32_t>(partitions_) != static_cast<uint32_t>(message.partition) || it == owned_.end()) {
     reject(message, "wrong_partition",
@@ -437,6 +467,87 @@ void MergerProcess::handle_delta(ConsumedMessage record) {
   auto dropped = f.merger->offer(delta_ref(delta.header, {message.topic, message.partition, message.offset}),
                                  DeltaTensors(std::move(delta)), now());
   if (dropped) metrics_.add("deltas_dropped_total", 1, {{"reason", drop_reason_name(dropped->reason)}});
+}
+
+// A learner's proposal of version 0 of a fragment. The first valid one of an owned fragment that
+// has none is committed: its checkpoint and a genesis record naming the proposal, with the
+// consumed offset, in one transaction (so exactly once, and replayable). Any other is rejected
+// with its reason in `rejected`, which the proposing learner reads and prints; a second proposal
+// of the same model (learners that started together) is rejected as genesis_exists, which the
+// learner ignores.
+void MergerProcess::handle_proposal(const ConsumedMessage& message) {
+  DecodeLimits any = limits();
+  any.layout = nullptr;  // decoded against its own layout, compared with the run's below
+  GenesisProposal proposal;
+  try {
+    proposal = decode_genesis_proposal(message.value, any);
+  } catch (const Rejection& e) {
+    reject(message, reject_reason_name(e.reason), e.what());
+    return;
+  }
+  const uint32_t p = proposal.fragment;
+  const std::string who = "learner " + proposal.learner_id;
+  if (p % static_cast<uint32_t>(partitions_) != static_cast<uint32_t>(message.partition) ||
+      (!awaiting_genesis_.count(p) && !owned_.count(p))) {
+    reject(message, "wrong_partition",
+           detail::concat("fragment ", p, " belongs in partition ", p % static_cast<uint32_t>(partitions_), " of ",
+                          o_.config.diloco.fragments, " fragments"));
+    return;
+  }
+  if (layout_ && proposal.fingerprint != layout_->fingerprint) {
+    std::string why = describe_difference(layout_->tensors, proposal.layout->tensors);
+    if (why.empty())
+      why = detail::concat("the run has ", layout_->num_fragments(), " fragments, the proposal ",
+                           proposal.layout->num_fragments());
+    reject(message, "wrong_fingerprint", who + " proposed another model than the run's: " + why);
+    return;
+  }
+  if (auto it = owned_.find(p); it != owned_.end()) {
+    reject(message, "genesis_exists",
+           detail::concat(who, " proposed version 0 of fragment ", p, ", which has one (now at version ",
+                          it->second.state.version, ")"));
+    return;
+  }
+  if (!layout_) {
+    try {
+      adopt_layout(proposal.layout);
+    } catch (const InvalidInput& e) {
+      reject(message, "too_large", e.what());
+      return;
+    }
+  }
+  OwnedFragment f;
+  f.state = genesis_state(o_.config, layout_, p, std::move(proposal.tensors));
+  f.merger = std::make_unique<FragmentMerger>(p, 0, outer_hyper(o_.config), now(), std::map<std::string, uint64_t>{},
+                                              input_bounds());
+  MergeRecord record{.run_id = o_.config.run.id, .fingerprint = layout_->fingerprint, .fragment = p, .version = 0,
+                     .prev_version = 0,
+                     .inputs = {DeltaRef{.position = {message.topic, message.partition, message.offset},
+                                         .learner_id = proposal.learner_id, .seq = proposal.seq}},
+                     .rule = merge_rule(o_.config), .optimizer = outer_optimizer(o_.config),
+                     .hyper = outer_hyper(o_.config), .checksum = f.state.checksum, .merger_instance = o_.instance_id,
+                     .epoch = epoch_, .merge_time_us = unix_us(), .genesis = true};
+  owned_[p] = std::move(f);
+  awaiting_genesis_.erase(p);
+  try {
+    commit(p, record, true);
+  } catch (const Fenced&) {
+    throw;
+  } catch (const Error& e) {
+    // Nothing of it is visible: the recovery reads the proposal again.
+    std::cerr << "merger " << o_.instance_id << ": committing version 0 of fragment " << p << " failed, recovering: "
+              << e.what() << "\n";
+    log({{"event", "genesis_failed"}, {"fragment", p}, {"detail", e.what()}});
+    writer_->abort();
+    request_recovery(true);
+    return;
+  }
+  metrics_.add("genesis_total", 1);
+  metrics_.set("fragment_version", 0, {{"fragment", std::to_string(p)}});
+  log({{"event", "genesis"}, {"fragment", p}, {"learner", proposal.learner_id}, {"checksum", record.checksum},
+       {"topic", message.topic}, {"partition", message.partition}, {"offset", message.offset}});
+  std::cerr << "merger " << o_.instance_id << ": version 0 of fragment " << p << " from " << who << "\n";
+  announce(false);
 }
 
 // Everything is encoded before the transaction starts, so that its timeout covers only the
@@ -492,7 +603,7 @@ void MergerProcess::merge(uint32_t p, const std::vector<std::string>& live) {
   const RoundTiming timing = round_timing(*f.merger, plan, live);
 
   MergeOptions options{.rule = merge_rule(o_.config), .optimizer = outer_optimizer(o_.config),
-                       .hyper = outer_hyper(o_.config), .tensors = layout_.fragments[p],
+                       .hyper = outer_hyper(o_.config), .tensors = layout_->fragments[p],
                        .downlink = downlink_codec(o_.config), .change = &f.change, .pool = &pool_};
   const bool share_scaling = o_.config.merger.share_scaling;
   set_merge_share(options, plan.inputs, share_scaling ? live.size() : 0, share_scaling);
@@ -577,7 +688,7 @@ void MergerProcess::abandon_merge(uint32_t p, MergePlan& plan, const std::string
 // per parameter for as long as it is held.
 std::shared_ptr<const std::vector<uint8_t>> MergerProcess::snapshot_message(uint32_t p) const {
   const auto& f = owned_.at(p);
-  FragmentParams params{.run_id = o_.config.run.id, .fingerprint = layout_.fingerprint, .fragment = p,
+  FragmentParams params{.run_id = o_.config.run.id, .fingerprint = layout_->fingerprint, .fragment = p,
                         .version = f.state.version, .checksum = f.state.checksum,
                         .merger_instance = o_.instance_id, .epoch = epoch_, .tensors = f.state.params};
   return std::make_shared<const std::vector<uint8_t>>(encode_fragment_params(params));
@@ -593,7 +704,7 @@ void MergerProcess::publish(uint32_t p) {
 // snapshot). The snapshot of the new version is encoded only when someone asks for it.
 void MergerProcess::publish_update(uint32_t p) {
   auto& f = owned_.at(p);
-  FragmentParams header{.run_id = o_.config.run.id, .fingerprint = layout_.fingerprint, .fragment = p,
+  FragmentParams header{.run_id = o_.config.run.id, .fingerprint = layout_->fingerprint, .fragment = p,
                         .version = f.state.version, .checksum = f.state.checksum,
                         .merger_instance = o_.instance_id, .epoch = epoch_, .update = true,
                         .base_version = f.state.version - 1};
@@ -642,7 +753,7 @@ void MergerProcess::announce_round(uint32_t p) {
   auto& f = owned_.at(p);
   const double grace = f.merger->granted_grace();
   if (!(grace > 0)) return;
-  RoundOpen notice{.run_id = o_.config.run.id, .fingerprint = layout_.fingerprint, .fragment = p,
+  RoundOpen notice{.run_id = o_.config.run.id, .fingerprint = layout_->fingerprint, .fragment = p,
                    .version = f.state.version, .pending = static_cast<uint32_t>(f.merger->pending_learners()),
                    .grace_ms = static_cast<uint32_t>(std::min(grace * 1e3, 4e9)), .merger_instance = o_.instance_id,
                    .epoch = epoch_, .time_us = unix_us()};
@@ -684,20 +795,11 @@ void MergerProcess::announce(bool leaving) {
 // An accounting-only record of fragment p: the version stays, `dropped` are accounted for.
 MergeRecord MergerProcess::accounting_record(uint32_t p, std::vector<DroppedDelta> dropped) const {
   const auto& f = owned_.at(p);
-  return MergeRecord{.run_id = o_.config.run.id, .fingerprint = layout_.fingerprint, .fragment = p,
+  return MergeRecord{.run_id = o_.config.run.id, .fingerprint = layout_->fingerprint, .fragment = p,
                      .version = f.state.version, .prev_version = f.state.version, .dropped = std::move(dropped),
                      .rule = merge_rule(o_.config), .optimizer = outer_optimizer(o_.config),
                      .hyper = outer_hyper(o_.config), .checksum = f.state.checksum,
                      .merger_instance = o_.instance_id, .epoch = epoch_, .merge_time_us = unix_us()};
-}
-
-// The group's committed offsets of every assigned delta partition (0 where none is committed yet,
-// which is where the consumer starts too), for transactions that move no offset: sending them
-// makes the group coordinator fence a zombie instance's transaction (KIP-447).
-std::vector<TopicPartitionOffset> MergerProcess::committed_offsets() {
-  auto offsets = consumer_->committed(consumer_->assignment(), t_.committed_offsets_ms);
-  for (auto& tp : offsets) tp.offset = std::max<int64_t>(tp.offset, 0);
-  return offsets;
 }
 
 void MergerProcess::stop_fragments() {
@@ -724,7 +826,6 @@ void MergerProcess::stop_fragments() {
 }
 
 int MergerProcess::run() {
-  set_torch_threads(1);
   if (!o_.run_dir.empty()) {
     std::filesystem::create_directories(o_.run_dir);
     log_ = std::make_unique<JsonLines>(o_.run_dir + "/metrics.jsonl");
@@ -740,10 +841,12 @@ int MergerProcess::run() {
     ConsumerOptions probe_options{.kafka = kafka};
     Consumer probe(probe_options);
     partitions_ = probe.partition_count(topics_.merges(), t_.metadata_ms);
-    int state_partitions = probe.partition_count(topics_.state(), t_.metadata_ms);
-    if (state_partitions != partitions_)
-      throw InvalidInput(topics_.state() + " has " + std::to_string(state_partitions) + " partitions but " +
-                         topics_.merges() + " has " + std::to_string(partitions_) + ": recreate the run's topics");
+    for (const auto& topic : {topics_.state(), topics_.genesis()}) {
+      const int count = probe.partition_count(topic, t_.metadata_ms);
+      if (count != partitions_)
+        throw InvalidInput(topic + " has " + std::to_string(count) + " partitions but " + topics_.merges() + " has " +
+                           std::to_string(partitions_) + ": recreate the run's topics (scripts/broker topics)");
+    }
   }
   plain_ = std::make_unique<Producer>(ProducerOptions{.kafka = kafka}, nullptr);
   writer_ = std::make_unique<LogWriter>(kafka, "diloco." + o_.config.run.id + ".merger." + o_.instance_id, t_,
@@ -756,10 +859,11 @@ int MergerProcess::run() {
   }
   ConsumerOptions group{.kafka = kafka, .group_id = "diloco." + o_.config.run.id + ".mergers",
                         .group_instance_id = o_.static_membership ? o_.instance_id : std::string(),
-                        .topics = {topics_.deltas_pattern()}, .session_timeout_ms = o_.session_timeout_ms};
+                        .topics = {topics_.deltas_pattern(), topics_.genesis()},
+                        .session_timeout_ms = o_.session_timeout_ms};
   consumer_ = std::make_unique<Consumer>(group, this);
   log({{"event", "start"}, {"endpoint", advertised_}, {"partitions", partitions_},
-       {"fragments", layout_.num_fragments()}, {"fingerprint", layout_.fingerprint}});
+       {"fragments", o_.config.diloco.fragments}});
   std::cerr << "merger " << o_.instance_id << ": publishing on " << advertised_ << ", joining group "
             << group.group_id << "\n";
 

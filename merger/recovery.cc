@@ -2,6 +2,10 @@
 
 #include <algorithm>
 
+#include "core/fragments/message_budget.h"
+#include "core/fragments/partition.h"
+#include "core/kafka/run_log.h"
+
 
 namespace diloco {
 
@@ -45,6 +49,10 @@ void account(FragmentState& state, const MergeRecord& record) {
     auto& v = by_learner[learner];
     v = std::max(v, value);
   };
+  if (record.genesis) {
+    for (const auto& in : record.inputs) state.recent.insert(in.position);
+    return;
+  }
   for (const auto& in : record.inputs) {
     state.recent.insert(in.position);
     raise(state.accounted, in.learner_id, in.seq);
@@ -75,21 +83,36 @@ DeltaMessages index_by_position(const std::vector<ConsumedMessage>& messages) {
   return by_position;
 }
 
-GenesisSource genesis_of(const RunConfig& config, const ModelSetup& setup) {
-  return [&config, &setup](std::span<const uint32_t> fragments) {
-    std::map<uint32_t, FragmentState> out;
-    for (uint32_t p : fragments) out[p] = genesis_state(config, setup, p);
-    return out;
-  };
+FragmentState genesis_state(const RunConfig& config, std::shared_ptr<const FragmentLayout> layout, uint32_t p,
+                            std::vector<DenseTensor> params) {
+  FragmentState state;
+  state.run_id = config.run.id;
+  state.fingerprint = layout->fingerprint;
+  state.fragment = p;
+  state.version = 0;
+  state.params = std::move(params);
+  state.momentum = state.params;
+  for (auto& t : state.momentum) std::fill(t.values.begin(), t.values.end(), 0.0f);
+  if (has_outer_state(outer_optimizer(config))) state.outer_state = state.momentum;
+  state.checksum = checksum_fp32(state.params);
+  state.layout = std::move(layout);
+  return state;
 }
 
-GenesisSource genesis_from_seed(const RunConfig& config, const FragmentLayout& layout) {
-  return [&config, &layout](std::span<const uint32_t> fragments) {
-    std::map<uint32_t, FragmentState> out;
-    for (auto& [p, params] : seeded_fragments(config, layout, fragments))
-      out[p] = genesis_state(config, layout, p, std::move(params));
-    return out;
-  };
+std::shared_ptr<const FragmentLayout> read_run_layout(const KafkaOptions& kafka, const RunTopics& topics,
+                                                      const RunConfig& config, int timeout_ms) {
+  DecodeLimits any{.run_id = config.run.id, .max_message_bytes = kMaxLogicalMessageBytes,
+                   .max_decompressed_bytes = kMaxLogicalMessageBytes};
+  StateScan scan = read_states(kafka, topics, any, config.diloco.fragments, timeout_ms);
+  std::shared_ptr<const FragmentLayout> out;
+  for (const auto& [p, state] : scan.latest) {
+    if (!out) out = state.layout;
+    if (state.fingerprint != out->fingerprint)
+      throw InvalidInput(detail::concat(topics.state(), " holds checkpoints of two models (fragment ", p, ": ",
+                                        describe_difference(out->tensors, state.layout->tensors),
+                                        "): the run's logs are mixed; start a new run (another run.id)"));
+  }
+  return out;
 }
 
 Delta logged_delta(const LogContext& ctx, const DeltaMessages& messages, const DeltaRef& ref,
@@ -114,6 +137,7 @@ LogContext with_reader(const LogContext& ctx) {
 
 std::vector<LogPosition> input_positions(const MergeRecord& record) {
   std::vector<LogPosition> out;
+  if (!is_merge(record)) return out;  // nothing to fetch for a record that merges nothing
   for (const auto& in : record.inputs) out.push_back(in.position);
   return out;
 }
@@ -179,6 +203,7 @@ void apply_logged_merge(const LogContext& ctx, FragmentState& state, const Logge
   next.recent = std::move(state.recent);
   account(next, r);
   next.last_merge = merge.position;
+  next.layout = std::move(state.layout);
   state = std::move(next);
 }
 
@@ -241,20 +266,15 @@ std::map<uint32_t, RecoveredFragment> recover_partition(const LogContext& contex
         }
       },
       ctx.timeout_ms, &ctx.limits);
-  std::vector<uint32_t> without_checkpoint;
-  for (auto& [p, f] : out)
-    if (f.state.run_id.empty()) without_checkpoint.push_back(p);
-  if (!without_checkpoint.empty()) {
-    auto genesis = ctx.genesis(without_checkpoint);
-    for (uint32_t p : without_checkpoint) {
-      auto it = genesis.find(p);
-      if (it == genesis.end()) throw InvalidInput("no version 0 of fragment " + std::to_string(p));
-      out[p].state = std::move(it->second);
-      out[p].from_genesis = true;
-    }
+  for (auto& [p, f] : out) {
+    if (f.state.run_id.empty())
+      f.awaiting_genesis = true;
+    else
+      f.state.layout = ctx.layout;
   }
   int64_t from = -1;
   for (auto& [p, f] : out) {
+    if (f.awaiting_genesis) continue;
     int64_t start = f.state.last_merge ? f.state.last_merge->offset + 1 : 0;
     from = from < 0 ? start : std::min(from, start);
   }
@@ -267,6 +287,11 @@ std::map<uint32_t, RecoveredFragment> recover_partition(const LogContext& contex
   for (auto& merge : read_merges(ctx, partition, from < 0 ? -2 : from)) {
     auto it = out.find(merge.record.fragment);
     if (it == out.end()) continue;
+    // Version 0 is committed with its checkpoint in one transaction: records without one are
+    // not this run's (or the state topic lost them).
+    if (it->second.awaiting_genesis)
+      throw InvalidInput(detail::concat("fragment ", merge.record.fragment, " has a merge record at ",
+                                        describe(merge.position), " but no checkpoint in ", ctx.topics.state()));
     const FragmentState& s = it->second.state;
     if (s.last_merge && merge.position.offset <= s.last_merge->offset) continue;
     if (is_merge(merge.record) && merge.record.version < s.version) continue;

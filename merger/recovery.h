@@ -19,7 +19,6 @@
 #include "core/kafka/log_reader.h"
 #include "core/kafka/options.h"
 #include "core/kafka/topics.h"
-#include "core/train/model_setup.h"
 #include "merger/merge_step.h"
 
 namespace diloco {
@@ -31,23 +30,24 @@ OuterHyper outer_hyper(const RunConfig& config);
 // codec.downlink_dtype and codec.downlink_block_size (block size 0 unless int8 or int4).
 DownlinkCodec downlink_codec(const RunConfig& config);
 
-// Version 0 of each of `fragments`, for fragments that no checkpoint holds yet (asked for all
-// of a partition's at once, so that a source generating the seeded values walks the model once).
-using GenesisSource = std::function<std::map<uint32_t, FragmentState>(std::span<const uint32_t> fragments)>;
-// genesis_state of an existing seeded model (both must outlive the result).
-GenesisSource genesis_of(const RunConfig& config, const ModelSetup& setup);
-// genesis_state from the seed alone (seeded_fragments): no model is held, only the fragments
-// asked for (config and layout must outlive the result).
-GenesisSource genesis_from_seed(const RunConfig& config, const FragmentLayout& layout);
+// Version 0 of fragment p from a learner's initial values (a GenesisProposal): the parameters,
+// zero outer momentum (and a zero outer_state when merger.optimizer keeps one), no consumed
+// offsets. `layout` is the run's.
+FragmentState genesis_state(const RunConfig& config, std::shared_ptr<const FragmentLayout> layout, uint32_t p,
+                            std::vector<DenseTensor> params);
+
+// The run's model layout, from the newest checkpoints in `state` (every one carries it): null
+// when the run has none yet (no learner's proposal was committed). Throws InvalidInput when
+// checkpoints of two models are there (the run's logs were mixed).
+std::shared_ptr<const FragmentLayout> read_run_layout(const KafkaOptions& kafka, const RunTopics& topics,
+                                                      const RunConfig& config, int timeout_ms);
 
 struct LogContext {
   KafkaOptions kafka;
   RunTopics topics;
   const RunConfig* config = nullptr;
-  const FragmentLayout* layout = nullptr;  // the run's fragment layout
-  // Called only for a fragment without a checkpoint, so that a merger need not keep the seeded
-  // model (4 bytes per parameter of every fragment) once its fragments are in the logs.
-  GenesisSource genesis;
+  // The run's fragment layout (every checkpoint and proposal of the run carries it).
+  std::shared_ptr<const FragmentLayout> layout;
   DecodeLimits limits;
   int timeout_ms = 120000;
   // How long a new owner waits for transactions still open on its partitions of `state` and
@@ -78,8 +78,9 @@ struct LoggedMerge {
 };
 
 // A merge record that changes the parameters (an accounting-only record, written at a clean stop,
-// keeps the version and lists only dropped and pending deltas).
-inline bool is_merge(const MergeRecord& r) { return !r.inputs.empty(); }
+// keeps the version and lists only dropped and pending deltas; a genesis record makes version 0
+// from a proposal, which nothing merges).
+inline bool is_merge(const MergeRecord& r) { return !r.genesis && !r.inputs.empty(); }
 
 // Applies one logged merge to `state` (at version record.prev_version): fetches and decodes the
 // input deltas, re-runs merge_step with the record's rule, optimizer and weights, and checks the
@@ -122,7 +123,8 @@ bool continues_state(const FragmentState& state, const LoggedMerge& merge);
 // its inputs and final drops join `recent` (PendingAtStop deltas stay out: a later owner merges
 // them); inputs raise their learner's merged base and accounted seq; drops other than Invalid
 // raise the accounted seq. A delta dropped as invalid changes no learner's bookkeeping, so a
-// forged delta carrying a real learner's id cannot silence that learner.
+// forged delta carrying a real learner's id cannot silence that learner. A genesis record's
+// proposal joins `recent` only: its learner's deltas on version 0 are still to come.
 void account(FragmentState& state, const MergeRecord& record);
 
 // Forgets the `recent` positions a consumer starting at `committed` (next offsets to read, per
@@ -130,12 +132,14 @@ void account(FragmentState& state, const MergeRecord& record);
 void prune_recent(FragmentState& state, std::span<const TopicPartitionOffset> committed);
 
 struct RecoveredFragment {
-  FragmentState state;          // the newest version the logs hold (or genesis)
-  bool from_genesis = false;    // no checkpoint existed: `state` is version 0, not yet written
+  FragmentState state;          // the newest version the logs hold (empty while awaiting genesis)
+  // No checkpoint and no merge record: no learner's proposal of version 0 was committed yet.
+  bool awaiting_genesis = false;
   std::vector<MergeRecord> replayed;  // records applied after the checkpoint, in order
 };
 
 // Rebuilds every fragment in `fragments` (all stored in state/merges partition `partition`).
+// Each rebuilt state's `layout` is the run's (ctx.layout, required).
 std::map<uint32_t, RecoveredFragment> recover_partition(const LogContext& ctx, int32_t partition,
                                                         std::span<const uint32_t> fragments);
 

@@ -1,10 +1,13 @@
 // diloco-sample: generates text from a model file (the final global model of a run, written by
-// the --eval-only learner as <run folder>/final_model.pt, or any learner's --export).
+// the --eval-only learner as <run folder>/final_model.safetensors, any learner's --export, or
+// diloco-replay rebuild).
 #include <CLI/CLI.hpp>
 
 #include <iostream>
+#include <optional>
 #include <random>
 
+#include "core/config/run_config.h"
 #include "core/data/corpus.h"
 #include "core/errors.h"
 #include "core/model/cpu_runtime.h"
@@ -54,12 +57,16 @@ std::string sample(const Transformer& model, const SampleOptions& o) {
 int main(int argc, char** argv) {
   CLI::App app{
       "diloco-sample: generates text from a trained model, so you can see what it learned.\n"
-      "The model file is the one scripts/run-local leaves in the run folder (final_model.pt),\n"
-      "or any file written by diloco-learner --export.\n"};
-  std::string model_file;
+      "The model file is the one scripts/run-local leaves in the run folder (final_model.safetensors),\n"
+      "any file written by diloco-learner --export, or a version rebuilt by diloco-replay rebuild.\n"};
+  std::string model_file, config_file;
+  std::vector<std::string> overrides;
   SampleOptions o;
   bool show_info = false;
-  app.add_option("model", model_file, "model file, e.g. runs/<run>/final_model.pt")->required();
+  app.add_option("model", model_file, "model file, e.g. runs/<run>/final_model.safetensors")->required();
+  app.add_option("-c,--config", config_file,
+                 "run config whose [model] gives the architecture, for a file that does not name it");
+  app.add_option("-s,--set", overrides, "override a config value: section.key=value (repeatable)");
   app.add_option("-p,--prompt", o.prompt, "text to continue (printable ASCII and newlines)")->capture_default_str();
   app.add_option("-n,--length", o.length, "characters to generate")->capture_default_str()->check(CLI::Range(0, 1000000));
   app.add_option("-t,--temperature", o.temperature, "sampling temperature: 0 picks the likeliest character, 1 samples the model as is")
@@ -70,11 +77,13 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   try {
     set_torch_threads(1);
-    LoadedModel loaded = load_model_file(model_file);
+    std::optional<ModelOptions> fallback;
+    if (!config_file.empty()) fallback = model_options(load_run_config(config_file, overrides).model, kVocabSize);
+    LoadedModel loaded = load_model_file(model_file, fallback ? &*fallback : nullptr);
     if (show_info) std::cout << "# " << loaded.info.dump() << "\n";
     std::cout << sample(loaded.model, o) << "\n";
     return 0;
-  } catch (const InvalidInput& e) {
+  } catch (const Error& e) {
     std::cerr << "error: " << e.what() << "\n";
     return 1;
   }

@@ -16,6 +16,7 @@
 #include "schemas/delta_generated.h"
 #include "schemas/fragment_params_generated.h"
 #include "schemas/fragment_state_generated.h"
+#include "schemas/genesis_generated.h"
 
 namespace diloco {
 
@@ -85,6 +86,8 @@ const wire::Delta& open_delta(std::span<const uint8_t> bytes, const DecodeLimits
 
 // Checkpoints are plain fp32: the schema has no codec table to say otherwise.
 constexpr WireCodec kStateCodec{.dtype = DType::F32, .block_size = 0, .byte_shuffle = false};
+// Proposals are fp32 in byte planes (initial values compress a little better shuffled).
+constexpr WireCodec kGenesisCodec{.dtype = DType::F32, .block_size = 0, .byte_shuffle = true};
 
 void check_checksum(uint64_t declared, std::span<const DenseTensor> tensors, const char* what) {
   const uint64_t actual = checksum_fp32(tensors);
@@ -283,13 +286,16 @@ std::vector<uint8_t> encode_fragment_state(const FragmentState& msg, int zstd_le
   recent.reserve(msg.recent.size());
   for (const auto& p : msg.recent) recent.push_back(add_position(fbb, p));
   const auto recent_vector = fbb.CreateVector(recent);
+  DILOCO_ENFORCE(msg.layout != nullptr, "encode_fragment_state needs the run's layout");
+  DILOCO_ENFORCE(msg.layout->fingerprint == msg.fingerprint, "a checkpoint's layout must give its fingerprint");
+  const auto layout = add_model_layout(fbb, *msg.layout);
   const auto run_id = fbb.CreateString(msg.run_id);
   const uint64_t checksum = msg.checksum ? msg.checksum : checksum_fp32(msg.params);
   const auto root =
       wire::CreateFragmentState(fbb, kSchemaVersion, run_id, msg.fingerprint, msg.fragment,
                                 msg.version, params, momentum, consumed_vector, last_merge,
                                 checksum, accounted_vector, outer_state, merged_bases_vector,
-                                recent_vector, downlink_residual);
+                                recent_vector, downlink_residual, layout);
   wire::FinishFragmentStateBuffer(fbb, root);
   return compress_finished(fbb, zstd_level);
 }
@@ -300,9 +306,8 @@ FragmentState decode_fragment_state(std::span<const uint8_t> bytes, const Decode
   } release;  // after the copy out, and on a rejection too
   const auto& m = open_root<wire::FragmentState>(bytes, limits, wire::VerifyFragmentStateBuffer,
                                                  "FragmentState");
-  check_fingerprint(m.fingerprint(), limits);
-  const auto& specs = fragment_specs(m.fragment(), limits);
   FragmentState out;
+  const auto& specs = self_described_specs(m.layout(), m.fingerprint(), m.fragment(), limits, out.layout);
   out.run_id = m.run_id()->str();
   out.fingerprint = m.fingerprint();
   out.fragment = m.fragment();
@@ -337,6 +342,46 @@ FragmentState decode_fragment_state(std::span<const uint8_t> bytes, const Decode
   if (m.downlink_residual() && m.downlink_residual()->size() != 0)
     decode_tensors(m.downlink_residual(), specs, kStateCodec, "downlink_residual", out.downlink_residual);
   check_checksum(out.checksum, out.params, "FragmentState");
+  return out;
+}
+
+// ---- GenesisProposal --------------------------------------------------------------------------
+
+std::vector<uint8_t> encode_genesis_proposal(const GenesisProposal& msg, int zstd_level) {
+  DILOCO_ENFORCE(msg.layout != nullptr, "encode_genesis_proposal needs the model's layout");
+  DILOCO_ENFORCE(msg.layout->fingerprint == msg.fingerprint, "a proposal's layout must give its fingerprint");
+  auto& fbb = builder();
+  const auto tensors = add_dense(fbb, msg.tensors, kGenesisCodec);
+  const auto layout = add_model_layout(fbb, *msg.layout);
+  const auto run_id = fbb.CreateString(msg.run_id);
+  const auto learner_id = fbb.CreateString(msg.learner_id);
+  const auto region = fbb.CreateString(msg.region);
+  const uint64_t checksum = msg.checksum ? msg.checksum : checksum_fp32(msg.tensors);
+  const auto root = wire::CreateGenesisProposal(fbb, kSchemaVersion, run_id, msg.fingerprint, learner_id, region,
+                                                msg.fragment, msg.seq, msg.send_time_us, layout, checksum, tensors);
+  wire::FinishGenesisProposalBuffer(fbb, root);
+  return compress_finished(fbb, zstd_level);
+}
+
+GenesisProposal decode_genesis_proposal(std::span<const uint8_t> bytes, const DecodeLimits& limits) {
+  const auto& m = open_root<wire::GenesisProposal>(bytes, limits, wire::VerifyGenesisProposalBuffer,
+                                                   "GenesisProposal");
+  GenesisProposal out;
+  const auto& specs = self_described_specs(m.layout(), m.fingerprint(), m.fragment(), limits, out.layout);
+  out.run_id = m.run_id()->str();
+  out.fingerprint = m.fingerprint();
+  out.learner_id = required(m.learner_id(), "learner_id");
+  if (out.learner_id.empty()) reject(RejectReason::MissingField, "learner_id is empty");
+  out.region = required(m.region(), "region");
+  out.fragment = m.fragment();
+  out.seq = m.seq();
+  if (out.seq == 0) reject(RejectReason::BadCounter, "seq 0 (sequence numbers start at 1)");
+  check_counter(out.seq, "seq");
+  out.send_time_us = m.send_time_us();
+  out.checksum = m.checksum();
+  out.wire_bytes = bytes.size();
+  decode_tensors(m.tensors(), specs, kGenesisCodec, "tensors", out.tensors);
+  check_checksum(out.checksum, out.tensors, "GenesisProposal");
   return out;
 }
 

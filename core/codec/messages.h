@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <set>
 #include <optional>
 #include <span>
@@ -218,6 +219,8 @@ struct MergeRecord {
   // How norms were summed (merge_step.h): per range of this many elements, 0 = per whole tensor.
   // 0 or a power of two in [kMinNormBlock, kMaxNormBlock].
   uint32_t norm_block = 0;
+  // Version 0: the one input is the GenesisProposal whose tensors are the parameters.
+  bool genesis = false;
 };
 inline constexpr uint32_t kMinNormBlock = 1u << 10;
 inline constexpr uint32_t kMaxNormBlock = 1u << 26;
@@ -256,11 +259,38 @@ struct FragmentState {
   // With a quantized downlink: the part of the outer updates not yet sent (error feedback, same
   // layout as params); empty for an fp32 downlink.
   std::vector<DenseTensor> downlink_residual;
+  // The run's model layout (every tensor of the run, not only this fragment's). Required to
+  // encode. Decoded: the layout the message carries when the reader gave none
+  // (DecodeLimits::layout null), else null (the reader's layout, which the fingerprint matched).
+  std::shared_ptr<const FragmentLayout> layout;
 };
 
 std::vector<uint8_t> encode_fragment_state(const FragmentState& msg, int zstd_level = 1);
-// Verifies the checksum of params.
+// Verifies the checksum of params. With limits.layout null, any fingerprint is accepted whose
+// layout the message carries (BadLayout otherwise), and the tensors are checked against it.
 FragmentState decode_fragment_state(std::span<const uint8_t> bytes, const DecodeLimits& limits);
+
+// ---- GenesisProposal --------------------------------------------------------------------------
+// A learner's initial values of one fragment, proposed as its version 0 (schemas/genesis.fbs).
+struct GenesisProposal {
+  std::string run_id;
+  uint64_t fingerprint = 0;
+  std::string learner_id;
+  std::string region;
+  uint32_t fragment = 0;
+  uint64_t seq = 0;
+  int64_t send_time_us = 0;
+  // Required to encode (its fingerprint is written); decoded as for FragmentState::layout.
+  std::shared_ptr<const FragmentLayout> layout;
+  uint64_t checksum = 0;  // checksum_fp32 of tensors; filled in by the encoder when 0
+  std::vector<DenseTensor> tensors;
+  size_t wire_bytes = 0;
+};
+
+std::vector<uint8_t> encode_genesis_proposal(const GenesisProposal& msg, int zstd_level = 1);
+// Strict decoding as for a FragmentState (checksum verified, finite values, the fragment's shapes
+// against the reader's layout or the one the message carries).
+GenesisProposal decode_genesis_proposal(std::span<const uint8_t> bytes, const DecodeLimits& limits);
 
 // ---- Member ---------------------------------------------------------------------------------
 enum class Role : uint8_t { Learner = 0, Merger = 1, Evaluator = 2 };
@@ -285,6 +315,8 @@ struct Member {
   uint64_t bytes_sent = 0;      // learners: delta bytes delivered (uplink)
   uint64_t bytes_received = 0;  // learners: parameter bytes received from mergers (downlink)
   float announce_interval_s = 0;  // mergers: seconds between announcements (0: not given)
+  uint64_t incarnation = 0;  // drawn by each process at start (0 from older binaries)
+  bool leaving = false;      // the last announcement of a clean stop
 };
 
 std::vector<uint8_t> encode_member(const Member& msg);

@@ -92,6 +92,8 @@ class ErrorFeedback {
  public:
   ErrorFeedback() = default;
   explicit ErrorFeedback(int64_t numel) : residual_(static_cast<size_t>(numel), 0.0f) {}
+  // Continues from a residual kept earlier (a learner's saved state).
+  explicit ErrorFeedback(std::vector<float> residual) : residual_(std::move(residual)) {}
 
   // Quantizes delta + residual (its topk largest values per block, when topk > 0) and keeps
   // (delta + residual) - dequantize(result) as residual.

@@ -141,7 +141,7 @@ std::vector<uint8_t> encode_merge_record(const MergeRecord& msg, int zstd_level)
       fbb, kSchemaVersion, run_id, msg.fingerprint, msg.fragment, msg.version, msg.prev_version,
       inputs_vector, dropped_vector, static_cast<wire::MergeRule>(msg.rule),
       static_cast<wire::OuterOptimizer>(msg.optimizer), hyper, msg.checksum, merger, msg.epoch,
-      msg.merge_time_us, msg.share, msg.staleness_scale, downlink, msg.norm_block);
+      msg.merge_time_us, msg.share, msg.staleness_scale, downlink, msg.norm_block, msg.genesis);
   wire::FinishMergeRecordBuffer(fbb, root);
   return compress_finished(fbb, zstd_level);
 }
@@ -213,6 +213,11 @@ MergeRecord decode_merge_record(std::span<const uint8_t> bytes, const DecodeLimi
     reject(RejectReason::BadCounter,
            detail::concat("norm_block ", out.norm_block, " is neither 0 nor a power of two in [", kMinNormBlock,
                           ", ", kMaxNormBlock, "]"));
+  out.genesis = m.genesis();
+  if (out.genesis && (out.version != 0 || out.prev_version != 0 || out.inputs.size() != 1))
+    reject(RejectReason::BadCounter,
+           detail::concat("a genesis record must make version 0 from one proposal, not version ", out.version,
+                          " from ", out.inputs.size(), " inputs"));
   return out;
 }
 
@@ -231,7 +236,7 @@ std::vector<uint8_t> encode_member(const Member& msg) {
       fbb, kSchemaVersion, run_id, instance_id, static_cast<wire::Role>(msg.role), region,
       endpoint, msg.epoch, owned, versions, msg.time_us, msg.step, msg.step_time_s,
       msg.tokens_per_s, msg.loss, msg.tokens, msg.bytes_sent, msg.bytes_received, checksums,
-      msg.announce_interval_s);
+      msg.announce_interval_s, msg.incarnation, msg.leaving);
   wire::FinishMemberBuffer(fbb, root);
   return compress_finished(fbb, 1);
 }
@@ -267,6 +272,8 @@ Member decode_member(std::span<const uint8_t> bytes, const DecodeLimits& limits)
   out.announce_interval_s = m.announce_interval_s();
   if (!std::isfinite(out.announce_interval_s) || out.announce_interval_s < 0)
     reject(RejectReason::BadFlatbuffer, detail::concat("announce interval ", out.announce_interval_s, " s"));
+  out.incarnation = m.incarnation();
+  out.leaving = m.leaving();
   return out;
 }
 

@@ -23,6 +23,7 @@ const char* reject_reason_name(RejectReason r) {
     case RejectReason::ChunkMissing: return "chunk_missing";
     case RejectReason::ChunkDuplicate: return "chunk_duplicate";
     case RejectReason::ChunkMismatch: return "chunk_mismatch";
+    case RejectReason::BadLayout: return "bad_layout";
   }
   return "unknown";
 }

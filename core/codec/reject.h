@@ -28,6 +28,7 @@ enum class RejectReason {
   ChunkMissing,          // a chunked message whose pieces did not all arrive
   ChunkDuplicate,        // a piece that arrived twice (the first one is kept)
   ChunkMismatch,         // a piece that disagrees with its message, or pieces that reassemble wrong
+  BadLayout,             // a model layout that is invalid or does not give the message's fingerprint
 };
 
 const char* reject_reason_name(RejectReason);  // snake_case, e.g. "wrong_fingerprint"

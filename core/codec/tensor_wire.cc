@@ -9,6 +9,7 @@
 
 #include "core/codec/compress.h"
 #include "core/codec/shuffle.h"
+#include "core/fragments/partition.h"
 
 namespace diloco::tensor_wire {
 namespace {
@@ -230,6 +231,58 @@ LogPosition read_position(const wire::LogPosition* p, const char* field) {
 void check_counter(uint64_t value, const char* field) {
   if (value > kMaxCounter)
     reject(RejectReason::BadCounter, detail::concat(field, " ", value, " is absurd"));
+}
+
+// ---- model layouts --------------------------------------------------------------------------
+
+flatbuffers::Offset<wire::ModelLayout> add_model_layout(flatbuffers::FlatBufferBuilder& fbb,
+                                                        const FragmentLayout& layout) {
+  std::vector<flatbuffers::Offset<wire::TensorSpec>> tensors;
+  tensors.reserve(layout.tensors.size());
+  for (const auto& t : layout.tensors)
+    tensors.push_back(wire::CreateTensorSpec(fbb, fbb.CreateString(t.name), fbb.CreateVector(t.shape)));
+  return wire::CreateModelLayout(fbb, layout.num_fragments(), fbb.CreateVector(tensors));
+}
+
+std::shared_ptr<const FragmentLayout> read_model_layout(const wire::ModelLayout* layout, uint64_t fingerprint) {
+  if (!layout || !layout->tensors()) reject(RejectReason::MissingField, "layout is missing");
+  if (layout->tensors()->size() > kMaxTensors)
+    reject(RejectReason::BadLayout, detail::concat(layout->tensors()->size(), " tensors, at most ", kMaxTensors));
+  std::vector<TensorSpec> specs;
+  specs.reserve(layout->tensors()->size());
+  for (const auto* t : *layout->tensors()) {
+    if (!t->name()) reject(RejectReason::MissingField, "layout: a tensor without a name");
+    if (t->shape() && t->shape()->size() > kMaxTensorDims)
+      reject(RejectReason::BadLayout, detail::concat("layout: tensor '", t->name()->str().substr(0, 64), "' has ",
+                                                     t->shape()->size(), " dimensions"));
+    specs.push_back(TensorSpec{t->name()->str(), copy_vector(t->shape())});
+  }
+  std::shared_ptr<FragmentLayout> out;
+  try {
+    out = std::make_shared<FragmentLayout>(partition_tensors(specs, layout->fragments()));
+  } catch (const InvalidInput& e) {
+    reject(RejectReason::BadLayout, std::string("layout: ") + e.what());
+  }
+  if (out->fingerprint != fingerprint)
+    reject(RejectReason::BadLayout, "the layout gives fingerprint " + hex(out->fingerprint) + ", the message says " +
+                                        hex(fingerprint));
+  return out;
+}
+
+const std::vector<TensorSpec>& self_described_specs(const wire::ModelLayout* layout, uint64_t fingerprint,
+                                                    uint32_t fragment, const DecodeLimits& limits,
+                                                    std::shared_ptr<const FragmentLayout>& own) {
+  if (limits.layout) {
+    check_fingerprint(fingerprint, limits);
+    if (!layout) reject(RejectReason::MissingField, "layout is missing");
+    own.reset();
+    return fragment_specs(fragment, limits);
+  }
+  own = read_model_layout(layout, fingerprint);
+  if (fragment >= own->num_fragments())
+    reject(RejectReason::FragmentOutOfRange, detail::concat("fragment ", fragment, ", its layout has ",
+                                                            own->num_fragments()));
+  return own->fragments[fragment];
 }
 
 // ---- tensors: encoding ----------------------------------------------------------------------

@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <span>
 #include <string>
 #include <vector>
@@ -86,6 +87,19 @@ const Root& open_root(std::span<const uint8_t> bytes, const DecodeLimits& limits
   check_run_id(root.run_id(), limits);
   return root;
 }
+
+// ---- model layouts --------------------------------------------------------------------------
+flatbuffers::Offset<wire::ModelLayout> add_model_layout(flatbuffers::FlatBufferBuilder& fbb,
+                                                        const FragmentLayout& layout);
+// The layout a message carries (MissingField when absent), rebuilt with partition_tensors and
+// checked to give `fingerprint` (BadLayout otherwise, or for an invalid tensor list).
+std::shared_ptr<const FragmentLayout> read_model_layout(const wire::ModelLayout* layout, uint64_t fingerprint);
+// The tensors of `fragment` in a message carrying its own layout: checked against limits.layout
+// when the reader has one (the fingerprint must then be the reader's: WrongFingerprint), else
+// against the message's layout, kept in `own`.
+const std::vector<TensorSpec>& self_described_specs(const wire::ModelLayout* layout, uint64_t fingerprint,
+                                                    uint32_t fragment, const DecodeLimits& limits,
+                                                    std::shared_ptr<const FragmentLayout>& own);
 
 // ---- tensors --------------------------------------------------------------------------------
 // Validates options (InvalidInput: the caller's bug, not a hostile message).

@@ -28,11 +28,11 @@
 #include <vector>
 
 #include "core/config/run_config.h"
+#include "core/model/builtin_specs.h"
 
 namespace diloco {
 
-// The fixed vocabulary: '\n' is token 0, printable ASCII ' '..'~' are tokens 1..95.
-inline constexpr int64_t kVocabSize = 96;
+// The fixed vocabulary (kVocabSize): '\n' is token 0, printable ASCII ' '..'~' are tokens 1..95.
 uint8_t encode_char(char c);  // throws InvalidInput for a character outside the vocabulary
 char decode_token(int64_t token);
 

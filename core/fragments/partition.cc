@@ -3,6 +3,7 @@
 #include <xxhash.h>
 
 #include <algorithm>
+#include <map>
 #include <numeric>
 #include <set>
 #include <string>
@@ -22,19 +23,12 @@ void append_string(std::string& out, std::string_view s) {
 
 void append_tensor(std::string& out, const TensorSpec& t) {
   append_string(out, t.name);
-  out += " [";
-  for (size_t i = 0; i < t.shape.size(); ++i) {
-    if (i > 0) out += ',';
-    out += std::to_string(t.shape[i]);
-  }
-  out += "]\n";
+  out += " " + shape_text(t.shape) + "\n";
 }
 
-uint64_t fingerprint(std::span<const TensorSpec> tensors, const FragmentLayout& layout,
-                     std::string_view architecture) {
-  std::string text = "diloco fragment layout v1\narchitecture ";
-  append_string(text, architecture);
-  text += "\ntensors " + std::to_string(tensors.size()) + "\n";
+uint64_t fingerprint(std::span<const TensorSpec> tensors, const FragmentLayout& layout) {
+  std::string text = "diloco fragment layout v2\n";
+  text += "tensors " + std::to_string(tensors.size()) + "\n";
   for (const auto& t : tensors) append_tensor(text, t);
   text += "fragments " + std::to_string(layout.fragments.size()) + "\n";
   for (size_t p = 0; p < layout.fragments.size(); ++p) {
@@ -46,16 +40,67 @@ uint64_t fingerprint(std::span<const TensorSpec> tensors, const FragmentLayout& 
 
 }  // namespace
 
-FragmentLayout partition_tensors(std::span<const TensorSpec> tensors, uint32_t num_fragments,
-                                 std::string_view architecture) {
+std::string shape_text(std::span<const int64_t> shape) {
+  std::string out = "[";
+  for (size_t i = 0; i < shape.size(); ++i) {
+    if (i > 0) out += ',';
+    out += std::to_string(shape[i]);
+  }
+  return out + "]";
+}
+
+std::string describe_difference(std::span<const TensorSpec> run, std::span<const TensorSpec> here) {
+  std::map<std::string_view, const TensorSpec*> theirs, ours;
+  for (const auto& t : run) theirs[t.name] = &t;
+  for (const auto& t : here) ours[t.name] = &t;
+  for (const auto& t : run) {
+    auto it = ours.find(t.name);
+    if (it == ours.end())
+      return detail::concat("tensor '", t.name, "' ", shape_text(t.shape), " of the run is missing here (",
+                            run.size(), " tensors in the run, ", here.size(), " here)");
+    if (it->second->shape != t.shape)
+      return detail::concat("tensor '", t.name, "' is ", shape_text(t.shape), " in the run, ",
+                            shape_text(it->second->shape), " here");
+  }
+  for (const auto& t : here)
+    if (!theirs.count(t.name))
+      return detail::concat("tensor '", t.name, "' ", shape_text(t.shape), " is not in the run (", run.size(),
+                            " tensors in the run, ", here.size(), " here)");
+  for (size_t i = 0; i < run.size() && i < here.size(); ++i)
+    if (run[i].name != here[i].name)
+      return detail::concat("the tensors are registered in another order: position ", i, " is '", run[i].name,
+                            "' in the run, '", here[i].name, "' here");
+  return {};
+}
+
+FragmentLayout partition_tensors(std::span<const TensorSpec> tensors, uint32_t num_fragments) {
+  if (tensors.size() > kMaxTensors)
+    throw InvalidInput(detail::concat(tensors.size(), " tensors: at most ", kMaxTensors, " can be registered"));
   if (num_fragments == 0 || num_fragments > tensors.size())
     throw InvalidInput(detail::concat("cannot split ", tensors.size(), " tensors into ",
                                       num_fragments,
-                                      " fragments: need 1 <= fragments <= number of tensors"));
+                                      " fragments: need 1 <= diloco.fragments <= number of tensors"));
   std::set<std::string_view> names;
-  for (const auto& t : tensors)
+  for (const auto& t : tensors) {
+    if (t.name.empty() || t.name.size() > kMaxTensorName)
+      throw InvalidInput(detail::concat("a tensor name must have 1 to ", kMaxTensorName, " bytes, not ",
+                                        t.name.size(), t.name.empty() ? "" : " ('" + t.name.substr(0, 64) + "...')"));
     if (!names.insert(t.name).second)
       throw InvalidInput(detail::concat("tensor name '", t.name, "' appears twice in the model"));
+    if (t.shape.size() > kMaxTensorDims)
+      throw InvalidInput(detail::concat("tensor '", t.name, "' has ", t.shape.size(), " dimensions, at most ",
+                                        kMaxTensorDims, " are supported"));
+    int64_t numel = 1;
+    for (int64_t d : t.shape) {
+      if (d < 1)
+        throw InvalidInput(detail::concat("tensor '", t.name, "' has shape ", shape_text(t.shape),
+                                          ": every dimension must be at least 1"));
+      if (numel > kMaxTensorNumel / d)
+        throw InvalidInput(detail::concat("tensor '", t.name, "' has shape ", shape_text(t.shape), ": more than ",
+                                          kMaxTensorNumel, " values"));
+      numel *= d;
+    }
+  }
 
   std::vector<size_t> by_size(tensors.size());
   std::iota(by_size.begin(), by_size.end(), size_t{0});
@@ -74,12 +119,13 @@ FragmentLayout partition_tensors(std::span<const TensorSpec> tensors, uint32_t n
   }
 
   FragmentLayout layout;
+  layout.tensors.assign(tensors.begin(), tensors.end());
   layout.fragments.resize(num_fragments);
   for (uint32_t p = 0; p < num_fragments; ++p) {
     std::sort(members[p].begin(), members[p].end());
     for (size_t i : members[p]) layout.fragments[p].push_back(tensors[i]);
   }
-  layout.fingerprint = fingerprint(tensors, layout, architecture);
+  layout.fingerprint = fingerprint(tensors, layout);
   return layout;
 }
 

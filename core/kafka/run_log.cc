@@ -1,7 +1,6 @@
 #include "core/kafka/run_log.h"
 
 #include <algorithm>
-#include <thread>
 
 #include "core/errors.h"
 #include "core/kafka/consumer.h"
@@ -30,11 +29,9 @@ void scan_record(StateScan& scan, const ConsumedMessage& m, const DecodeLimits& 
 }  // namespace
 
 StateScan read_states(const KafkaOptions& kafka, const RunTopics& topics, const DecodeLimits& limits,
-                      int timeout_ms) {
+                      uint32_t fragments, int timeout_ms) {
   StateScan scan;
-  DILOCO_ENFORCE(limits.layout != nullptr, "reading ", topics.state(), " needs the run's layout");
   LogReader reader(kafka);
-  const uint32_t fragments = limits.layout->num_fragments();
   // Fragment p's states are in partition p % partitions, and versions only go forward: the last
   // state of each fragment is near its partition's end. Read a window at the end, four times
   // longer each time until it holds every fragment of the partition or starts at the beginning.
@@ -68,22 +65,6 @@ StateScan read_states(const KafkaOptions& kafka, const RunTopics& topics, const 
     }
   }
   return scan;
-}
-
-StateScan wait_for_states(const KafkaOptions& kafka, const RunTopics& topics, const DecodeLimits& limits,
-                          std::chrono::seconds timeout, const std::function<bool(size_t missing)>& waiting) {
-  auto deadline = std::chrono::steady_clock::now() + timeout;
-  size_t expected = limits.layout ? limits.layout->num_fragments() : 0;
-  for (;;) {
-    StateScan scan = read_states(kafka, topics, limits);
-    if (scan.latest.size() >= expected) return scan;
-    if (std::chrono::steady_clock::now() > deadline)
-      throw Unavailable("no state for " + std::to_string(expected - scan.latest.size()) + " of " +
-                        std::to_string(expected) + " fragments in " + topics.state() + " after " +
-                        std::to_string(timeout.count()) + " s: start a merger (it writes version 0 of every fragment)");
-    if (waiting && !waiting(expected - scan.latest.size())) return scan;
-    std::this_thread::sleep_for(std::chrono::seconds(2));
-  }
 }
 
 }  // namespace diloco

@@ -2,8 +2,6 @@
 // `state` topic. Shared by learners (start-up), the merger (recovery) and replay.
 #pragma once
 
-#include <chrono>
-#include <functional>
 #include <map>
 
 #include "core/codec/messages.h"
@@ -19,16 +17,12 @@ struct StateScan {
   uint64_t records = 0;                       // records read (pieces of chunked ones count once)
 };
 
-// The newest state of every fragment of the layout (`limits.layout`, required) in `state`, read
-// once: only a window at the end of each partition (widened until it holds every fragment of the
-// partition), not the run's history. Invalid records are counted and skipped, never thrown.
+// The newest state of each of fragments 0 .. fragments-1 in `state`, read once: only a window at
+// the end of each partition (widened until it holds every fragment of the partition), not the
+// run's history. Decoded with `limits`; with limits.layout null every state of the run is taken
+// whatever its fingerprint (each carries its layout), so that a learner can tell how its model
+// differs from the run's. Invalid records are counted and skipped, never thrown.
 StateScan read_states(const KafkaOptions& kafka, const RunTopics& topics, const DecodeLimits& limits,
-                      int timeout_ms = 60000);
-
-// Waits until every fragment of the layout has a state (genesis written by a merger), calling
-// `waiting(missing count)` every few seconds while it waits; when that returns false (the process
-// was asked to stop) it returns what it has. Throws Unavailable after `timeout`.
-StateScan wait_for_states(const KafkaOptions& kafka, const RunTopics& topics, const DecodeLimits& limits,
-                          std::chrono::seconds timeout, const std::function<bool(size_t missing)>& waiting);
+                      uint32_t fragments, int timeout_ms = 60000);
 
 }  // namespace diloco

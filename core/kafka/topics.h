@@ -15,6 +15,8 @@ struct RunTopics {
   std::string run_id;
 
   std::string deltas(const std::string& region) const { return "diloco." + run_id + ".deltas." + region; }
+  // Learners' proposals of version 0 (schemas/genesis.fbs), co-partitioned with the deltas.
+  std::string genesis() const { return "diloco." + run_id + ".genesis"; }
   std::string merges() const { return "diloco." + run_id + ".merges"; }
   std::string state() const { return "diloco." + run_id + ".state"; }
   std::string members() const { return "diloco." + run_id + ".members"; }

@@ -25,22 +25,9 @@
 
 #include "core/config/run_config.h"
 #include "core/fragments/layout.h"
+#include "core/model/builtin_specs.h"
 
 namespace diloco {
-
-struct ModelOptions {
-  int64_t vocab = 0;
-  int64_t layers = 0;
-  int64_t width = 0;  // a multiple of heads
-  int64_t heads = 0;
-  int64_t context = 0;
-};
-
-ModelOptions model_options(const ModelConfig& config, int64_t vocab);
-
-// Describes the architecture for the fragment fingerprint; two models whose descriptions are equal
-// compute the same function of the same parameters.
-std::string architecture(const ModelOptions& options);
 
 class Transformer {
  public:

@@ -1,14 +1,11 @@
 #include "core/train/model_file.h"
 
-#include <fstream>
-
 #include "core/errors.h"
+#include "core/files/safetensors.h"
 
 namespace diloco {
 
 namespace {
-
-std::vector<int64_t> options_vector(const ModelOptions& o) { return {o.vocab, o.layers, o.width, o.heads, o.context}; }
 
 template <typename... Args>
 void require(bool condition, const Args&... message) {
@@ -17,62 +14,52 @@ void require(bool condition, const Args&... message) {
 
 }  // namespace
 
+nlohmann::json model_options_json(const ModelOptions& o) {
+  return {{"vocab", o.vocab}, {"layers", o.layers}, {"width", o.width}, {"heads", o.heads}, {"context", o.context}};
+}
+
 void save_model_file(const std::filesystem::path& path, const Transformer& model, const nlohmann::json& info) {
-  c10::Dict<std::string, torch::Tensor> parameters;
+  std::vector<NamedTensor> tensors;
   const auto& names = model.parameter_names();
-  for (size_t i = 0; i < names.size(); ++i) parameters.insert(names[i], model.parameters()[i].detach().clone());
-  torch::serialize::OutputArchive archive;
-  archive.write("tensors", c10::IValue(parameters));
-  archive.write("options", torch::tensor(options_vector(model.options()), torch::kInt64));
-  archive.write("info", c10::IValue(info.dump()));
-  save_archive(archive, path);
-}
-
-void save_archive(torch::serialize::OutputArchive& archive, const std::filesystem::path& path) {
-  std::filesystem::path tmp = path;
-  tmp += ".tmp";
-  try {
-    if (path.has_parent_path()) std::filesystem::create_directories(path.parent_path());
-    archive.save_to(tmp.string());
-    std::filesystem::rename(tmp, path);
-  } catch (const std::exception& e) {
-    throw IoError("cannot write " + path.string() + ": " + e.what());
+  for (size_t i = 0; i < names.size(); ++i) {
+    torch::Tensor t = model.parameters()[i].detach().contiguous();
+    tensors.push_back(NamedTensor{names[i], t.sizes().vec(),
+                                  std::vector<float>(t.data_ptr<float>(), t.data_ptr<float>() + t.numel())});
   }
+  save_safetensors(path, tensors, {{"model", model_options_json(model.options()).dump()}, {"info", info.dump()}});
 }
 
-LoadedModel load_model_file(const std::filesystem::path& path) {
+LoadedModel load_model_file(const std::filesystem::path& path, const ModelOptions* fallback) {
   require(std::filesystem::exists(path), "no model file ", path,
-          " (a run folder keeps it as final_model.pt; the --eval-only learner writes it with --export)");
-  torch::serialize::InputArchive archive;
+          " (a run folder keeps it as final_model.safetensors; the --eval-only learner writes it with --export)");
+  SafetensorsFile file = load_safetensors(path);
   try {
-    archive.load_from(path.string());
-  } catch (const c10::Error& e) {
-    throw InvalidInput("cannot read model file " + path.string() + ": not a libtorch archive (" + e.what_without_backtrace() + ")");
-  }
-  try {
-    torch::Tensor options_tensor;
-    archive.read("options", options_tensor);
-    require(options_tensor.dim() == 1 && options_tensor.numel() == 5, "the options tensor is not 5 integers");
-    auto o = options_tensor.to(torch::kInt64).contiguous();
-    const int64_t* v = o.data_ptr<int64_t>();
-    ModelOptions options{.vocab = v[0], .layers = v[1], .width = v[2], .heads = v[3], .context = v[4]};
+    ModelOptions options;
+    if (auto it = file.metadata.find("model"); it != file.metadata.end()) {
+      const auto m = nlohmann::json::parse(it->second);
+      options = ModelOptions{.vocab = m.at("vocab"), .layers = m.at("layers"), .width = m.at("width"),
+                             .heads = m.at("heads"), .context = m.at("context")};
+    } else {
+      require(fallback != nullptr, "no \"model\" entry in its metadata: give the run's config (-c) for the architecture");
+      options = *fallback;
+    }
     Transformer model(options, 0);
-    c10::IValue parameters_value, info_value;
-    archive.read("tensors", parameters_value);
-    archive.read("info", info_value);
-    auto parameters = parameters_value.toGenericDict();
+    std::map<std::string, const NamedTensor*> by_name;
+    for (const auto& t : file.tensors) by_name[t.name] = &t;
     torch::NoGradGuard no_grad;
     const auto& names = model.parameter_names();
-    require(parameters.size() == names.size(), "holds ", parameters.size(), " tensors, the architecture has ", names.size());
+    require(file.tensors.size() == names.size(), "holds ", file.tensors.size(), " tensors, the architecture has ",
+            names.size());
     for (size_t i = 0; i < names.size(); ++i) {
-      auto it = parameters.find(names[i]);
-      require(it != parameters.end(), "tensor ", names[i], " is missing");
-      torch::Tensor t = it->value().toTensor();
-      require(t.sizes() == model.parameters()[i].sizes(), "tensor ", names[i], " has shape ", t.sizes(),
-              ", the architecture says ", model.parameters()[i].sizes());
-      model.parameters()[i].copy_(t);
+      auto it = by_name.find(names[i]);
+      require(it != by_name.end(), "tensor ", names[i], " is missing");
+      const auto& want = model.parameters()[i];
+      require(it->second->shape == want.sizes().vec(), "tensor ", names[i], " has another shape than the architecture's");
+      want.copy_(torch::from_blob(const_cast<float*>(it->second->values.data()), want.sizes(), torch::kFloat32));
     }
-    return LoadedModel{std::move(model), nlohmann::json::parse(info_value.toStringRef())};
+    nlohmann::json info = nlohmann::json::object();
+    if (auto it = file.metadata.find("info"); it != file.metadata.end()) info = nlohmann::json::parse(it->second);
+    return LoadedModel{std::move(model), std::move(info)};
   } catch (const InvalidInput& e) {
     throw InvalidInput("model file " + path.string() + ": " + e.what());
   } catch (const std::exception& e) {

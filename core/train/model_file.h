@@ -1,10 +1,8 @@
-// The model file: a trained model's parameters, its architecture and a few facts about where it
-// came from, in one libtorch archive. The learner (--export) writes it, diloco-sample reads it.
-//
-// The archive holds three attributes: "tensors" (a Dict[str, Tensor] keyed by the names of
-// Transformer::parameter_names), "options" (int64 [vocab, layers, width, heads, context]) and
-// "info" (a JSON string: run id, fragment versions, held-out loss, ...), read with
-// torch::serialize::InputArchive (load_model_file below does).
+// The model file of the built-in model: its parameters by name in a safetensors file
+// (core/files/safetensors.h), with two metadata entries: "model", the architecture as JSON
+// ({"vocab", "layers", "width", "heads", "context"}), and "info", JSON facts about where it came
+// from (run id, fragment versions, held-out loss, ...). The evaluator (--export) and
+// diloco-replay rebuild write it, diloco-sample reads it; any safetensors reader opens it.
 #pragma once
 
 #include <filesystem>
@@ -14,11 +12,7 @@
 
 namespace diloco {
 
-// Writes `archive` to `path` atomically (a temporary file, then rename): a reader never sees half
-// a file, and a crash leaves the previous file in place. Throws IoError naming the file.
-void save_archive(torch::serialize::OutputArchive& archive, const std::filesystem::path& path);
-
-// Writes atomically, as save_archive.
+// Writes atomically (a temporary file, then a rename). Throws IoError naming the file.
 void save_model_file(const std::filesystem::path& path, const Transformer& model, const nlohmann::json& info);
 
 struct LoadedModel {
@@ -26,7 +20,12 @@ struct LoadedModel {
   nlohmann::json info;
 };
 
-// Throws InvalidInput naming the file for a missing, unreadable or inconsistent archive.
-LoadedModel load_model_file(const std::filesystem::path& path);
+// Throws InvalidInput naming the file for a missing, unreadable or inconsistent file. A file
+// without the "model" entry (diloco-replay rebuild of a run it had no model options for) takes
+// the architecture from `fallback` when given.
+LoadedModel load_model_file(const std::filesystem::path& path, const ModelOptions* fallback = nullptr);
+
+// The "model" metadata entry of a built-in model's options.
+nlohmann::json model_options_json(const ModelOptions& options);
 
 }  // namespace diloco

@@ -27,6 +27,10 @@ RunAudit audit(const ReplayRun& run) {
       *run.reader, run.delta_topics, [&](const ConsumedMessage& m) { a.deltas.insert({m.topic, m.partition, m.offset}); },
       run.timeout_ms, &limits,
       [&](const ChunkProblem& p) { a.deltas.insert({p.position.topic, p.position.partition, p.position.offset}); });
+  read_to_end(
+      *run.reader, {run.topics.genesis()},
+      [&](const ConsumedMessage& m) { a.proposals.insert({m.topic, m.partition, m.offset}); }, run.timeout_ms, &limits,
+      [&](const ChunkProblem& p) { a.proposals.insert({p.position.topic, p.position.partition, p.position.offset}); });
   read_to_end(*run.reader, {run.topics.rejected()}, [&](const ConsumedMessage& m) {
     try {
       a.rejected.insert(position_key(decode_rejected(m.value, limits).source));
@@ -50,6 +54,16 @@ RunAudit audit(const ReplayRun& run) {
         } catch (const InvalidInput& e) {
           a.problems.push_back("merges[" + std::to_string(m.partition) + "]@" + std::to_string(m.offset) +
                                " does not decode: " + e.what());
+          return;
+        }
+        if (r.genesis) {
+          auto& v = a.versions[r.fragment];
+          if (!v.empty())
+            a.problems.push_back("fragment " + std::to_string(r.fragment) + ": a second genesis record at " +
+                                 std::to_string(m.offset) + ", after version " + std::to_string(v.back().version));
+          v.push_back({0, r.checksum, m.timestamp_ms});
+          ++a.final_count[position_key(r.inputs.front().position)];
+          ++a.genesis;
           return;
         }
         if (!r.inputs.empty()) {
@@ -92,6 +106,12 @@ RunAudit audit(const ReplayRun& run) {
   for (const auto& pos : a.deltas)
     if (!a.final_count.contains(pos) && !a.pending_at_stop.contains(pos) && !a.rejected.contains(pos))
       a.problems.push_back("delta " + where(pos) + " is neither merged, dropped, rejected nor recorded pending");
+  for (const auto& pos : a.proposals)
+    if (!a.final_count.contains(pos) && !a.rejected.contains(pos))
+      a.problems.push_back("proposal " + where(pos) + " is neither version 0 of its fragment nor rejected");
+  for (const auto& [fragment, list] : a.versions)
+    if (list.empty() || list.front().version != 0)
+      a.problems.push_back("fragment " + std::to_string(fragment) + " has merges but no genesis record");
   return a;
 }
 
@@ -113,6 +133,8 @@ int print_audit(const RunAudit& a, bool json, std::ostream& out) {
                           {"dropped", a.dropped},
                           {"pending_at_stop", a.pending_at_stop.size()},
                           {"rejected", a.rejected.size()},
+                          {"proposals", a.proposals.size()},
+                          {"genesis_records", a.genesis},
                           {"problems", a.problems},
                           {"versions", versions}}
                .dump()
@@ -121,7 +143,8 @@ int print_audit(const RunAudit& a, bool json, std::ostream& out) {
     out << a.deltas.size() << " deltas: " << merged << " merged, " << dropped << " dropped";
     for (const auto& [reason, n] : a.dropped) out << (reason == a.dropped.begin()->first ? " (" : ", ") << reason << " " << n;
     out << (a.dropped.empty() ? "" : ")") << ", " << a.pending_at_stop.size() << " pending at a clean stop, "
-        << a.rejected.size() << " rejected; " << a.merges << " merges over " << a.versions.size() << " fragments\n";
+        << a.rejected.size() << " rejected; " << a.merges << " merges over " << a.versions.size() << " fragments; "
+        << a.proposals.size() << " proposals of version 0, " << a.genesis << " committed\n";
     for (const auto& p : a.problems) out << "PROBLEM " << p << "\n";
     out << (a.ok() ? "PASS" : "FAIL") << "\n";
   }

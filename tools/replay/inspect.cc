@@ -13,7 +13,7 @@
 #include "core/kafka/log_reader.h"
 #include "tools/replay/replay.h"
 #include "tools/replay/run_logs.h"
-#include "tools/replay/tensor_file.h"
+#include "core/files/safetensors.h"
 
 namespace diloco {
 
@@ -212,7 +212,7 @@ nlohmann::json delta_json(const ReplayRun& run, const ConsumedMessage& m, int fi
   auto fates = delta_fates(run, {m.partition}, [](const LogPosition&, const std::string&) {});
   auto fate = fates.find({m.topic, m.partition, m.offset});
   out.update(fate_json(fate == fates.end() ? DeltaFate{} : fate->second));
-  out["tensors"] = tensor_summaries(d.tensors, run.setup.layout.fragments.at(h.fragment), first_values);
+  out["tensors"] = tensor_summaries(d.tensors, run.layout->fragments.at(h.fragment), first_values);
   return out;
 }
 
@@ -298,7 +298,7 @@ void show(const ReplayRun& run, const ShowOptions& o, std::ostream& out) {
     } else if (o.what == ShowWhat::Merge) {
       doc = merge_record_json(decode_merge_record(m.value, run.limits()));
     } else {
-      doc = state_json(decode_fragment_state(m.value, run.limits()), run.setup.layout, o.first_values);
+      doc = state_json(decode_fragment_state(m.value, run.limits()), *run.layout, o.first_values);
     }
   } catch (const Rejection& e) {
     throw InvalidInput("the message at " + describe(position) + " is rejected: " + e.what());
@@ -321,7 +321,10 @@ void dump_delta(const ReplayRun& run, LogPosition position, const std::filesyste
                       {"learner", h.learner_id}, {"region", h.region}, {"fragment", h.fragment}, {"seq", h.seq},
                       {"base_version", h.base_version}, {"inner_steps", h.inner_steps}, {"tokens", h.tokens},
                       {"dtype", dtype_name(d.dtype)}};
-  save_tensor_archive(path, "tensors", d.tensors, run.setup.layout.fragments.at(h.fragment), info);
+  std::vector<NamedTensor> tensors;
+  const auto& specs = run.layout->fragments.at(h.fragment);
+  for (const auto& t : d.tensors) tensors.push_back(NamedTensor{specs.at(t.index).name, t.shape, t.values});
+  save_safetensors(path, tensors, {{"info", info.dump()}});
   log << "wrote " << d.tensors.size() << " tensors of the delta at " << describe(position) << " (learner "
       << h.learner_id << ", fragment " << h.fragment << ", seq " << h.seq << ") to " << path.string() << "\n";
 }

@@ -34,7 +34,7 @@ int main(int argc, char** argv) {
       "diloco-replay: reads a run's logs (the delta topics, merges and state) read_committed, on a live run\n"
       "or a finished one. `list` and `show` tell which learner sent what and what became of it (merged into\n"
       "version v with weight w and staleness s, dropped and why, pending, or rejected by strict decoding);\n"
-      "`dump` and `rebuild` write tensors for libtorch; `verify` rebuilds every version and checks every\n"
+      "`dump` and `rebuild` write tensors as safetensors files; `verify` rebuilds every version and checks every\n"
       "checksum; `audit` checks that every delta was merged once or dropped with a reason; `remerge`\n"
       "re-runs the merge policy with other settings.\n"
       "Common options go before or after the command: diloco-replay -c configs/tiny.toml verify\n"
@@ -94,13 +94,11 @@ int main(int argc, char** argv) {
 
   LogPosition dump_at;
   std::string dump_out;
-  auto* dump = app.add_subcommand("dump", "a delta's decoded tensors to a libtorch archive");
+  auto* dump = app.add_subcommand("dump", "a delta's decoded tensors to a safetensors file");
   dump->footer(
-      "Writes the delta's dequantized fp32 tensors as a libtorch archive (torch::serialize::OutputArchive):\n"
-      "a Dict[str, Tensor] \"tensors\" keyed by the model's tensor names, and \"info\" (JSON text: learner,\n"
-      "fragment, seq, ...). Read it in C++ with\n"
-      "  torch::serialize::InputArchive a; a.load_from(FILE);\n"
-      "  c10::IValue v; a.read(\"tensors\", v); auto tensors = v.toGenericDict();\n");
+      "Writes the delta's dequantized fp32 tensors as a safetensors file keyed by the model's tensor names,\n"
+      "with \"info\" in its metadata (JSON text: learner, fragment, seq, ...). Read it in Python with\n"
+      "  decoupled_diloco.safetensors.load_file(FILE)   (or safetensors.numpy / safetensors.torch)\n");
   dump->add_option("--topic", dump_at.topic, "delta topic or region name")->required();
   dump->add_option("--partition", dump_at.partition, "partition")->required();
   dump->add_option("--offset", dump_at.offset, "offset")->required();
@@ -108,24 +106,24 @@ int main(int argc, char** argv) {
 
   RebuildOptions rebuild_o;
   std::string rebuild_out;
-  auto* rebuild_cmd = app.add_subcommand("rebuild", "the parameters at a version, to a libtorch file");
+  auto* rebuild_cmd = app.add_subcommand("rebuild", "the parameters at a version, to a safetensors file");
   rebuild_cmd->footer(
       "Rebuilt from the newest checkpoint at or below VERSION plus the merge records after it, with the\n"
       "merger's recovery code (every record's checksum is checked). Without --fragment, every fragment at\n"
-      "min(VERSION, its latest), written as a model file (the format diloco-sample reads): a libtorch\n"
-      "archive with \"parameters\" (Dict[str, Tensor] of the whole model), \"options\" and \"info\" (JSON\n"
-      "text: versions and checksums per fragment). With --fragment, that fragment's tensors under\n"
-      "\"parameters\", and \"info\". Read either in C++ with\n"
-      "  torch::serialize::InputArchive a; a.load_from(FILE);\n"
-      "  c10::IValue v; a.read(\"parameters\", v); auto parameters = v.toGenericDict();\n");
+      "min(VERSION, its latest): the whole model, keyed by the tensor names the learners registered, with\n"
+      "\"info\" (JSON text: versions and checksums per fragment) in its metadata, and, for a run of the\n"
+      "built-in model, \"model\" (its architecture: diloco-sample reads the file). With --fragment, that\n"
+      "fragment's tensors. Read it with decoupled_diloco.safetensors.load_file(FILE), safetensors.torch, or\n"
+      "decoupled_diloco.load_version() straight into a model's tensors.\n");
   rebuild_cmd->add_option("--version", rebuild_o.version, "the version")->required();
   rebuild_cmd->add_option("--fragment", rebuild_o.fragment, "only this fragment (the version must exist for it)");
   rebuild_cmd->add_option("--out", rebuild_out, "file to write")->required();
 
   auto* verify_cmd = app.add_subcommand("verify", "rebuilds every version and checks every checksum");
   verify_cmd->footer(
-      "For every fragment, rebuilds every version from its earliest checkpoint (genesis if none), checking\n"
-      "every merge record's checksum and every later checkpoint against the rebuilt state; prints the\n"
+      "For every fragment, rebuilds every version from version 0 (the learner's proposal its genesis record\n"
+      "names, or the earliest checkpoint when the proposal is gone), checking that version 0 is that\n"
+      "proposal, every merge record's checksum and every later checkpoint against the rebuilt state; prints the\n"
       "first mismatch of each fragment with its topic[partition]@offset, progress on stderr. Exit 0 on\n"
       "pass, 1 on a mismatch, 2 when it cannot run.\n");
 
@@ -154,8 +152,9 @@ int main(int argc, char** argv) {
       "quorum every merge takes the inputs its record names (weights recomputed with --alpha); with another\n"
       "--quorum K the deltas each record accounted for go, in send-time order, through the merger's\n"
       "pending set and merge once K learners are pending (base versions mapped onto the re-merged\n"
-      "versions). Reports final versions and checksums per fragment, and the held-out loss (on data.path\n"
-      "of the config) of the result and of the run's newest model. The deltas are the recorded ones:\n"
+      "versions). Reports final versions and checksums per fragment; --out writes the re-merged model\n"
+      "(safetensors, as rebuild writes it) for the run's own evaluation (diloco-eval FILE -c CONFIG for the\n"
+      "built-in model). The deltas are the recorded ones:\n"
       "under another policy the learners would have sent others, so this shows what the policy does with\n"
       "the same inputs, not a new training run.\n");
   remerge_cmd->add_option("--rule", rule, "rda (radial-directional) or avg (weighted average)")->check(CLI::IsMember({"rda", "avg"}));
@@ -167,7 +166,7 @@ int main(int argc, char** argv) {
       ->check([](const std::string& name) {
         return parse_outer_optimizer(name) ? std::string() : "must be one of " + outer_optimizer_names();
       });
-  remerge_cmd->add_option("--eval-batches", remerge_o.eval_batches, "held-out batches to evaluate (default: train.eval_batches; 0: skip)");
+  remerge_cmd->add_option("--out", remerge_o.out, "write the re-merged model to this safetensors file");
   remerge_cmd->add_flag("--json", remerge_json, "one JSON document instead of text");
 
   try {

@@ -5,7 +5,6 @@
 #include <iostream>
 #include <set>
 
-#include "core/data/corpus.h"
 #include "core/errors.h"
 #include "merger/fragment_merger.h"
 #include "merger/grace_window.h"
@@ -85,7 +84,7 @@ std::vector<LogPosition> accounted_positions(const MergeRecord& record) {
 void remerge_as_recorded(const ReplayRun& run, const RemergeOptions& o, const FragmentLog& f, FragmentState& state,
                          RemergedFragment& out) {
   const LogContext ctx = run.context();
-  const auto layout = run.setup.layout.fragments.at(f.start.fragment);
+  const auto layout = run.layout->fragments.at(f.start.fragment);
   OriginalCursor original(f.start);
   FragmentState next;
   for_each_with_deltas(ctx, f.merges, input_positions, [&](const LoggedMerge& merge, const DeltaMessages& deltas) {
@@ -117,7 +116,7 @@ void remerge_regrouped(const ReplayRun& run, const RemergeOptions& o, const Frag
   auto first = std::find_if(f.merges.begin(), f.merges.end(), [](const LoggedMerge& m) { return is_merge(m.record); });
   if (first == f.merges.end()) return;
   const LogContext ctx = run.context();
-  MergeOptions options = merge_options(o, first->record, run.setup.layout.fragments.at(f.start.fragment));
+  MergeOptions options = merge_options(o, first->record, run.layout->fragments.at(f.start.fragment));
   options.pool = ctx.pool;
   // Regrouped merges hold other numbers of learners than the recorded ones: with share scaling,
   // each applies its share of the learners this fragment's log has seen.
@@ -172,15 +171,6 @@ void trim_after(std::vector<LoggedMerge>& merges, const std::optional<LogPositio
   std::erase_if(merges, [&](const LoggedMerge& m) { return !last || m.position.offset > last->offset; });
 }
 
-// Held-out loss of the model made of these fragment states.
-double evaluate(const ReplayRun& run, const Corpus& corpus, const std::vector<const FragmentState*>& states,
-                int64_t batches) {
-  BatchStream heldout = heldout_batches(corpus, run.config.data, run.config.train.batch, run.config.model.context);
-  ModelSetup model = build_model(run.config);
-  for (const auto* s : states) load_fragment(model.model, model.layout, s->fragment, s->params);
-  return heldout_loss(model.model, heldout, batches);
-}
-
 }  // namespace
 
 RemergeReport remerge(const ReplayRun& run, const RemergeOptions& o, std::ostream& progress) {
@@ -214,16 +204,9 @@ RemergeReport remerge(const ReplayRun& run, const RemergeOptions& o, std::ostrea
     report.fragments.push_back(out);
     states.push_back(std::move(state));
   }
-  const int64_t batches = o.eval_batches < 0 ? run.config.train.eval_batches : o.eval_batches;
-  if (batches > 0) {
-    Corpus corpus = load_corpus(run.config.data.path);
-    auto views = [](const std::vector<FragmentState>& s) {
-      std::vector<const FragmentState*> out;
-      for (const auto& x : s) out.push_back(&x);
-      return out;
-    };
-    report.original_loss = evaluate(run, corpus, views(originals), batches);
-    report.remerged_loss = evaluate(run, corpus, views(states), batches);
+  if (!o.out.empty()) {
+    save_states(run, states, {{"kind", "remerge"}, {"run_id", run.config.run.id}, {"regrouped", report.regrouped}}, o.out);
+    progress << "remerge: wrote the re-merged model to " << o.out.string() << "\n";
   }
   return report;
 }
@@ -237,8 +220,6 @@ void print_remerge(const RemergeReport& report, bool json, std::ostream& out) {
                            {"version", f.version}, {"checksum", f.checksum}, {"merges", f.merges},
                            {"unmerged", f.unmerged}, {"identical", f.checksum == f.original_checksum}});
     nlohmann::json doc{{"grouping", report.regrouped ? "regrouped" : "recorded"}, {"fragments", fragments}};
-    doc["original_heldout_loss"] = report.original_loss ? nlohmann::json(*report.original_loss) : nlohmann::json();
-    doc["heldout_loss"] = report.remerged_loss ? nlohmann::json(*report.remerged_loss) : nlohmann::json();
     out << doc.dump() << "\n";
     return;
   }
@@ -248,9 +229,6 @@ void print_remerge(const RemergeReport& report, bool json, std::ostream& out) {
         << ", remerged v" << f.version << " checksum " << f.checksum << " (" << f.merges << " merges from v"
         << f.start_version << (f.unmerged ? ", left pending: " + std::to_string(f.unmerged) : "")
         << (f.checksum == f.original_checksum ? ", identical" : "") << ")\n";
-  if (report.original_loss)
-    out << std::fixed << std::setprecision(4) << "held-out loss: original " << *report.original_loss << ", remerged "
-        << *report.remerged_loss << " nats/char\n";
 }
 
 }  // namespace diloco

@@ -20,10 +20,11 @@
 #include <tuple>
 #include <vector>
 
+#include <nlohmann/json_fwd.hpp>
+
 #include "core/config/run_config.h"
 #include "core/kafka/options.h"
 #include "core/kafka/topics.h"
-#include "core/train/model_setup.h"
 #include "merger/recovery.h"
 
 namespace diloco {
@@ -40,10 +41,11 @@ struct ReplayOptions {
   unsigned threads = 0;                // share each rebuilt merge's arithmetic (0: one per core)
 };
 
-// A run opened for reading: its config, model layout (to decode and rebuild), and topics.
+// A run opened for reading: its config, model layout (from its checkpoints: to decode and
+// rebuild), and topics.
 struct ReplayRun {
   RunConfig config;
-  ModelSetup setup;
+  std::shared_ptr<const FragmentLayout> layout;
   KafkaOptions kafka;
   RunTopics topics;
   std::vector<std::string> delta_topics;  // one per region, sorted
@@ -58,9 +60,10 @@ struct ReplayRun {
   std::vector<uint32_t> fragments_of(int32_t partition) const;
 };
 
-// Loads the config, waits for the broker (Unavailable after kafka.connect_timeout_ms) and checks
-// that the run's topics exist with the same partition count. Throws InvalidInput naming the
-// missing topic and a way out.
+// Loads the config, waits for the broker (Unavailable after kafka.connect_timeout_ms), checks
+// that the run's topics exist with the same partition count and reads the run's model layout
+// from its checkpoints. Throws InvalidInput naming the missing topic, or a run without version 0,
+// and a way out.
 ReplayRun open_run(const ReplayOptions& options);
 
 using Position = std::tuple<std::string, int32_t, int64_t>;  // topic, partition, offset
@@ -123,9 +126,8 @@ struct ShowOptions {
 // Prints the message at the position as one JSON document (tensors summarised).
 void show(const ReplayRun& run, const ShowOptions& options, std::ostream& out);
 
-// Writes a delta's decoded (dequantized fp32) tensors to `out` as a tensor archive (see
-// tensor_file.h) with the tensors under "tensors", keyed by their names in the model. The topic
-// may be a region name.
+// Writes a delta's decoded (dequantized fp32) tensors to `out` as a safetensors file
+// (core/files/safetensors.h), keyed by their names in the model. The topic may be a region name.
 void dump_delta(const ReplayRun& run, LogPosition position, const std::filesystem::path& out, std::ostream& log);
 
 // ---- rebuild, verify ------------------------------------------------------------------------
@@ -135,9 +137,10 @@ struct RebuildOptions {
   std::optional<uint32_t> fragment;  // none: every fragment, each at min(version, its latest)
   std::filesystem::path out;
 };
-// Rebuilds and writes the parameters: with one fragment, a tensor archive of its tensors under
-// "tensors"; with every fragment, a model file (core/train/model_file.h). Prints one line per
-// fragment. Throws InvalidInput when the version does not exist.
+// Rebuilds and writes the parameters as a safetensors file of the tensors by name: one
+// fragment's, or every fragment's (the whole model; for a run of the built-in model the file also
+// names its architecture, so diloco-sample reads it). Prints one line per fragment. Throws
+// InvalidInput when the version does not exist.
 void rebuild(const ReplayRun& run, const RebuildOptions& options, std::ostream& out);
 
 struct VerifyReport {
@@ -147,8 +150,9 @@ struct VerifyReport {
   std::vector<std::string> mismatches;  // the first of each fragment, naming its position
   bool ok() const { return mismatches.empty(); }
 };
-// Rebuilds every version of every fragment from its earliest checkpoint (genesis if none),
-// checking every merge record's checksum and every later checkpoint against the rebuilt state.
+// Rebuilds every version of every fragment from version 0 (the proposal its genesis record names,
+// or its earliest checkpoint when the proposal is gone), checking that version 0 is the proposal's
+// values, every merge record's checksum and every later checkpoint against the rebuilt state.
 // Progress goes to `progress`.
 VerifyReport verify(const ReplayRun& run, std::ostream& progress);
 
@@ -163,6 +167,8 @@ struct AuditedVersion {
 };
 struct RunAudit {
   std::set<Position> deltas;             // every delta in the region topics
+  std::set<Position> proposals;          // every proposal of version 0 in the genesis topic
+  size_t genesis = 0;                    // genesis records (one per fragment that has version 0)
   std::map<Position, int> final_count;   // merged or dropped for good
   std::map<Position, int> merged_count;
   std::set<Position> pending_at_stop;
@@ -175,11 +181,12 @@ struct RunAudit {
   std::vector<std::string> problems;
   bool ok() const { return problems.empty(); }
 };
-// Reads every delta, merge record and rejection and checks: every delta is accounted for exactly
-// once (merged into one version, dropped for good with a reason, or rejected by a merger) or
-// recorded as pending at a clean stop; no delta is merged twice; no learner has two merged deltas
-// on the same base of a fragment (its progress would count twice); per fragment, versions only
-// move forward by one. A merges partition whose transaction stays open (a killed merger's, until
+// Reads every delta, proposal, merge record and rejection and checks: every delta is accounted for
+// exactly once (merged into one version, dropped for good with a reason, or rejected by a merger)
+// or recorded as pending at a clean stop; every proposal of version 0 is either named by its
+// fragment's one genesis record or rejected; no delta is merged twice; no learner has two merged deltas
+// on the same base of a fragment (its progress would count twice); per fragment, versions start
+// at a genesis record and only move forward by one. A merges partition whose transaction stays open (a killed merger's, until
 // the broker aborts it) is a problem too. Waits up to the run's timeout for open transactions.
 RunAudit audit(const ReplayRun& run);
 // A summary and one line per problem, or (json) one JSON document with the counts, the problems
@@ -194,7 +201,9 @@ struct RemergeOptions {
   std::optional<OuterOptimizerKind> optimizer;
   std::optional<float> staleness_alpha, lr, momentum;
   std::optional<uint32_t> quorum;
-  int64_t eval_batches = -1;  // held-out batches; -1: train.eval_batches of the config; 0: none
+  // Non-empty: the re-merged model is written there (safetensors, as rebuild writes it), to be
+  // evaluated with the run's own model code (diloco-eval for the built-in one).
+  std::filesystem::path out;
 };
 
 struct RemergedFragment {
@@ -209,7 +218,6 @@ struct RemergedFragment {
 struct RemergeReport {
   bool regrouped = false;  // quorum changed: arrivals grouped anew instead of as recorded
   std::vector<RemergedFragment> fragments;
-  std::optional<double> original_loss, remerged_loss;  // held-out, nats/char
 };
 
 // Re-runs the merge policy over the recorded deltas in their recorded arrival order. With the
@@ -222,5 +230,10 @@ RemergeReport remerge(const ReplayRun& run, const RemergeOptions& options, std::
 void print_remerge(const RemergeReport& report, bool json, std::ostream& out);
 
 const char* merge_rule_name(MergeRule rule);               // "rda" | "avg", as in the config
+
+// Writes fragment states as one safetensors file of their tensors by name (every tensor of the
+// states given; for a run of the built-in model and every fragment, with its architecture).
+void save_states(const ReplayRun& run, const std::vector<FragmentState>& states, const nlohmann::json& info,
+                 const std::filesystem::path& path);
 
 }  // namespace diloco

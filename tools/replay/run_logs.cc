@@ -56,12 +56,11 @@ void apply_record(const LogContext& ctx, FragmentState& state, const LoggedMerge
 // ---- the run --------------------------------------------------------------------------------
 
 DecodeLimits ReplayRun::limits() const {
-  return run_decode_limits(config, setup.layout);
+  return run_decode_limits(config, *layout);
 }
 
 LogContext ReplayRun::context() const {
-  return LogContext{.kafka = kafka, .topics = topics, .config = &config, .layout = &setup.layout,
-                    .genesis = genesis_of(config, setup), .limits = limits(),
+  return LogContext{.kafka = kafka, .topics = topics, .config = &config, .layout = layout, .limits = limits(),
                     .timeout_ms = timeout_ms, .pool = pool.get(), .reader = reader};
 }
 
@@ -71,7 +70,7 @@ int32_t ReplayRun::partition_of(uint32_t fragment) const {
 
 std::vector<uint32_t> ReplayRun::fragments_of(int32_t partition) const {
   std::vector<uint32_t> out;
-  for (uint32_t p = 0; p < setup.layout.num_fragments(); ++p)
+  for (uint32_t p = 0; p < layout->num_fragments(); ++p)
     if (partition_of(p) == partition) out.push_back(p);
   return out;
 }
@@ -80,7 +79,6 @@ ReplayRun open_run(const ReplayOptions& options) {
   std::vector<std::string> overrides = options.overrides;
   if (!options.run_id.empty()) overrides.push_back("run.id=\"" + options.run_id + "\"");
   RunConfig config = load_run_config(options.config_file, overrides);
-  ModelSetup setup = build_model(config);
   RunTopics topics{config.run.id};
   wait_for_broker(options.kafka);
   auto reader = std::make_shared<LogReader>(options.kafka);
@@ -101,7 +99,11 @@ ReplayRun open_run(const ReplayOptions& options) {
     if (partitions_of(topic) != partitions)
       throw InvalidInput(topic + " has " + std::to_string(partitions_of(topic)) + " partitions but " + topics.merges() +
                          " has " + std::to_string(partitions) + ": these are not one run's topics");
-  return ReplayRun{.config = std::move(config), .setup = std::move(setup), .kafka = options.kafka,
+  auto layout = read_run_layout(options.kafka, topics, config, options.timeout_ms);
+  if (!layout)
+    throw InvalidInput("run " + config.run.id + " has no version 0 yet: " + topics.state() +
+                       " holds no checkpoint (no learner's proposal was committed; is a merger running?)");
+  return ReplayRun{.config = std::move(config), .layout = std::move(layout), .kafka = options.kafka,
                    .topics = std::move(topics), .delta_topics = std::move(delta_topics),
                    .partitions = partitions, .timeout_ms = options.timeout_ms,
                    .pool = std::make_shared<WorkPool>(options.threads), .reader = std::move(reader)};
@@ -133,6 +135,19 @@ ConsumedMessage fetch_one(const ReplayRun& run, const LogPosition& position) {
 }
 
 // ---- fragment histories ---------------------------------------------------------------------
+
+std::optional<FragmentState> genesis_from_record(const ReplayRun& run, const LoggedMerge& merge) {
+  if (!merge.record.genesis) return std::nullopt;
+  const LogPosition& at = merge.record.inputs.front().position;
+  const DecodeLimits limits = run.limits();
+  auto found = run.reader->fetch({{at.topic, at.partition, at.offset}}, run.timeout_ms, &limits);
+  if (found.empty()) return std::nullopt;  // deleted by retention
+  GenesisProposal proposal = decode_genesis_proposal(found.front().value, limits);
+  if (proposal.fragment != merge.record.fragment || proposal.learner_id != merge.record.inputs.front().learner_id)
+    throw InvalidInput("the proposal at " + describe(at) + " is not the one the genesis record at " +
+                       describe(merge.position) + " names");
+  return genesis_state(run.config, run.layout, proposal.fragment, std::move(proposal.tensors));
+}
 
 std::map<uint32_t, FragmentLog> read_fragment_logs(const ReplayRun& run, int32_t partition, StartAt start,
                                                    const OnRejected& rejected) {
@@ -170,12 +185,23 @@ std::map<uint32_t, FragmentLog> read_fragment_logs(const ReplayRun& run, int32_t
       },
       run.timeout_ms, &ctx.limits);
   for (auto& [p, f] : out)
-    if (!f.start_position) f.start = genesis_state(run.config, run.setup, p);
+    if (f.start_position) f.start.layout = run.layout;
   for (auto& merge : read_merges(ctx, partition, -2, rejected)) {
     auto it = out.find(merge.record.fragment);
     if (it == out.end()) continue;
     FragmentLog& f = it->second;
     f.latest_version = std::max(f.latest_version, merge.record.version);
+    if (merge.record.genesis && !f.genesis) {
+      f.genesis = merge;
+      // Version 0 from the proposal itself, when no checkpoint of version 0 is the start (the
+      // checkpoint was compacted away, or none is left at or below the version asked for).
+      if ((!f.start_position || (start.earliest && f.start.version > 0))) {
+        if (auto v0 = genesis_from_record(run, merge)) {
+          f.start = std::move(*v0);
+          f.start_position.reset();
+        }
+      }
+    }
     // Records up to the start checkpoint's own record are already in it.
     if (f.start.last_merge && merge.position.offset <= f.start.last_merge->offset) continue;
     f.merges.push_back(std::move(merge));

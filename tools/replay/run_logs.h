@@ -37,8 +37,9 @@ struct CheckpointInfo {
 };
 
 struct FragmentLog {
-  FragmentState start;                     // the chosen checkpoint, or genesis
-  std::optional<LogPosition> start_position;  // none: genesis
+  FragmentState start;                     // the chosen checkpoint, or version 0 from its proposal
+  std::optional<LogPosition> start_position;  // none: version 0 from the proposal (or nothing)
+  std::optional<LoggedMerge> genesis;       // the record that made version 0
   std::vector<CheckpointInfo> checkpoints;  // every checkpoint read, in log order
   std::vector<LoggedMerge> merges;          // the fragment's records after `start`, in log order
   uint64_t latest_version = 0;             // the newest version the logs hold
@@ -55,6 +56,11 @@ struct StartAt {
 // are passed to `rejected` and skipped.
 std::map<uint32_t, FragmentLog> read_fragment_logs(const ReplayRun& run, int32_t partition, StartAt start,
                                                    const OnRejected& rejected);
+
+// Version 0 of a fragment from the proposal a genesis record names; none when the proposal is
+// gone (retention). Throws InvalidInput when the position holds another proposal, Rejection when
+// it does not decode.
+std::optional<FragmentState> genesis_from_record(const ReplayRun& run, const LoggedMerge& merge);
 
 // Applies the records that continue `state` (apply_logged_merge: checksums checked) until it
 // reaches version `until`, calling `applied` after each. Throws InvalidInput at the first record

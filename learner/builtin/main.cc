@@ -1,4 +1,5 @@
-// diloco-learner: one island of compute. See learner/learner.h and ARCHITECTURE.md section 5.
+// diloco-learner: one island of compute training the built-in model. See
+// learner/builtin/builtin_learner.h, learner/runtime.h and ARCHITECTURE.md section 5.
 #include <CLI/CLI.hpp>
 
 #include <iostream>
@@ -7,7 +8,7 @@
 #include "core/config/config_json.h"
 #include "core/errors.h"
 #include "core/process.h"
-#include "learner/learner.h"
+#include "learner/builtin/builtin_learner.h"
 
 using namespace diloco;
 
@@ -30,7 +31,8 @@ int main(int argc, char** argv) {
       "mergers at step boundaries. It never waits for the network.\n"};
   std::string config_file, regions = "region0", endpoints, bootstrap = default_bootstrap_servers();
   std::vector<std::string> overrides;
-  LearnerOptions o;
+  BuiltinLearnerOptions b;
+  RuntimeOptions& o = b.runtime;
   bool standalone = false, no_publish = false, eval_only = false;
   app.add_option("-c,--config", config_file, "run config (TOML), e.g. configs/tiny.toml")->required()->check(CLI::ExistingFile);
   app.add_option("-s,--set", overrides, "override a config value: section.key=value (repeatable), e.g. --set train.lr=1e-3");
@@ -46,12 +48,12 @@ int main(int argc, char** argv) {
   app.add_flag("--standalone", standalone, "no Kafka, no ZeroMQ: train alone (the single-learner baseline)");
   app.add_flag("--no-publish", no_publish, "train and adopt global fragments but never send deltas (to measure publishing overhead)");
   app.add_flag("--eval-only", eval_only, "never train: follow the global fragments and report the global model's held-out loss");
-  app.add_option("--eval-interval", o.eval_interval_s, "--eval-only: seconds between evaluations")->capture_default_str();
-  app.add_option("--speed-factor", o.speed_factor, "slow every step by this factor (2 = half speed) to emulate older hardware")->capture_default_str()->check(CLI::Range(1.0, 1000.0));
-  app.add_option("--steps", o.steps, "stop after this many inner steps (default: train.total_steps)");
-  app.add_option("--max-seconds", o.max_seconds, "stop after this many seconds (0: no limit)")->capture_default_str();
+  app.add_option("--eval-interval", b.eval_interval_s, "--eval-only: seconds between evaluations")->capture_default_str();
+  app.add_option("--speed-factor", b.speed_factor, "slow every step by this factor (2 = half speed) to emulate older hardware")->capture_default_str()->check(CLI::Range(1.0, 1000.0));
+  app.add_option("--steps", b.steps, "stop after this many inner steps (default: train.total_steps)");
+  app.add_option("--max-seconds", b.max_seconds, "stop after this many seconds (0: no limit)")->capture_default_str();
   app.add_option("--run-dir", o.run_dir, "folder for metrics.jsonl (created if missing; empty: no file)");
-  app.add_option("--export", o.export_path, "write the model to this file at stop (--eval-only: the global model, refreshed after every evaluation); read it with diloco-sample");
+  app.add_option("--export", b.export_path, "write the model to this safetensors file at stop (--eval-only: the global model, refreshed after every evaluation); read it with diloco-sample");
   app.add_option("--metrics-port", o.metrics_port, "serve Prometheus metrics on 127.0.0.1:PORT/metrics (0: off)")->capture_default_str();
   app.add_option("--log-every", o.log_every, "inner steps between metrics lines")->capture_default_str();
   bool print_config = false;
@@ -76,7 +78,7 @@ int main(int argc, char** argv) {
            : no_publish ? LearnerMode::NoPublish
            : eval_only  ? LearnerMode::EvalOnly
                         : LearnerMode::Train;
-  o.regions = split_list(regions);
+  b.regions = split_list(regions);
   o.merger_endpoints = split_list(endpoints);
   o.kafka.bootstrap_servers = bootstrap;
   o.kafka.connect_timeout_ms = static_cast<int>(connect_timeout_s * 1000);
@@ -88,7 +90,7 @@ int main(int argc, char** argv) {
   install_stop_handlers();
   try {
     o.config = load_run_config(config_file, overrides);
-    return run_learner(o, stop_requested());
+    return run_builtin_learner(b, stop_requested());
   } catch (const Error& e) {
     std::cerr << "diloco-learner: error: " << e.what() << "\n";
     return 1;

@@ -1,0 +1,136 @@
+#include "core/files/safetensors.h"
+
+#include <algorithm>
+#include <bit>
+#include <cstring>
+#include <fstream>
+#include <set>
+
+#include <nlohmann/json.hpp>
+
+#include "core/errors.h"
+
+namespace diloco {
+
+static_assert(std::endian::native == std::endian::little, "safetensors values are little endian");
+
+namespace {
+
+// Far above any real header; a hostile file cannot make the reader allocate gigabytes for it.
+constexpr uint64_t kMaxHeaderBytes = uint64_t{100} << 20;
+
+// Saturates instead of overflowing (a hostile header's shape).
+int64_t numel(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) {
+    if (d != 0 && n > (int64_t{1} << 62) / d) return int64_t{1} << 62;
+    n *= d;
+  }
+  return n;
+}
+
+}  // namespace
+
+void save_safetensors(const std::filesystem::path& path, const std::vector<NamedTensor>& tensors,
+                      const std::map<std::string, std::string>& metadata) {
+  nlohmann::json header = nlohmann::json::object();
+  if (!metadata.empty()) header["__metadata__"] = metadata;
+  std::set<std::string> names;
+  uint64_t offset = 0;
+  for (const auto& t : tensors) {
+    if (!names.insert(t.name).second) throw InvalidInput("safetensors: tensor '" + t.name + "' given twice");
+    if (static_cast<int64_t>(t.values.size()) != numel(t.shape))
+      throw InvalidInput(detail::concat("safetensors: tensor '", t.name, "' has ", t.values.size(),
+                                        " values for its shape"));
+    const uint64_t bytes = t.values.size() * sizeof(float);
+    header[t.name] = {{"dtype", "F32"}, {"shape", t.shape}, {"data_offsets", {offset, offset + bytes}}};
+    offset += bytes;
+  }
+  std::string text = header.dump();
+  text.append((8 - text.size() % 8) % 8, ' ');  // the data starts 8-byte aligned
+  std::filesystem::path tmp = path;
+  tmp += ".tmp";
+  try {
+    if (path.has_parent_path()) std::filesystem::create_directories(path.parent_path());
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    if (!out) throw IoError("cannot open for writing");
+    const uint64_t length = text.size();
+    out.write(reinterpret_cast<const char*>(&length), sizeof(length));
+    out.write(text.data(), static_cast<std::streamsize>(text.size()));
+    for (const auto& t : tensors)
+      out.write(reinterpret_cast<const char*>(t.values.data()), static_cast<std::streamsize>(t.values.size() * 4));
+    out.close();
+    if (!out) throw IoError("write failed (disk full?)");
+    std::filesystem::rename(tmp, path);
+  } catch (const std::exception& e) {
+    std::error_code ignored;
+    std::filesystem::remove(tmp, ignored);
+    throw IoError("cannot write " + path.string() + ": " + e.what());
+  }
+}
+
+SafetensorsFile load_safetensors(const std::filesystem::path& path) {
+  auto fail = [&](const std::string& why) { return InvalidInput("model file " + path.string() + ": " + why); };
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw fail("no such file, or it cannot be read");
+  in.seekg(0, std::ios::end);
+  const auto size = static_cast<uint64_t>(in.tellg());
+  in.seekg(0);
+  uint64_t length = 0;
+  if (size < 8 || !in.read(reinterpret_cast<char*>(&length), 8))
+    throw fail("not a safetensors file (shorter than its 8-byte header length)");
+  if (length > kMaxHeaderBytes || length > size - 8)
+    throw fail(detail::concat("not a safetensors file (a header of ", length, " bytes in a file of ", size, ")"));
+  std::string text(length, '\0');
+  in.read(text.data(), static_cast<std::streamsize>(length));
+  nlohmann::json header;
+  try {
+    header = nlohmann::json::parse(text);
+  } catch (const nlohmann::json::exception& e) {
+    throw fail(std::string("not a safetensors file (its header is not JSON: ") + e.what() + ")");
+  }
+  if (!header.is_object()) throw fail("not a safetensors file (its header is not a JSON object)");
+  const uint64_t data_bytes = size - 8 - length;
+  SafetensorsFile out;
+  struct Entry {
+    uint64_t begin = 0, end = 0;
+    NamedTensor tensor;
+  };
+  std::vector<Entry> entries;
+  try {
+    for (const auto& [name, value] : header.items()) {
+      if (name == "__metadata__") {
+        for (const auto& [key, text_value] : value.items()) out.metadata[key] = text_value.get<std::string>();
+        continue;
+      }
+      const std::string dtype = value.at("dtype").get<std::string>();
+      if (dtype != "F32")
+        throw fail("tensor '" + name + "' is " + dtype + "; the project reads F32 tensors only");
+      Entry e;
+      e.tensor.name = name;
+      e.tensor.shape = value.at("shape").get<std::vector<int64_t>>();
+      const auto range = value.at("data_offsets").get<std::vector<uint64_t>>();
+      if (range.size() != 2 || range[0] > range[1] || range[1] > data_bytes) throw fail("tensor '" + name + "': bad data_offsets");
+      for (int64_t d : e.tensor.shape)
+        if (d < 0) throw fail("tensor '" + name + "': a negative dimension");
+      if (range[1] - range[0] != static_cast<uint64_t>(numel(e.tensor.shape)) * 4)
+        throw fail("tensor '" + name + "': its byte range does not hold its shape");
+      e.begin = range[0];
+      e.end = range[1];
+      entries.push_back(std::move(e));
+    }
+  } catch (const nlohmann::json::exception& e) {
+    throw fail(std::string("malformed header: ") + e.what());
+  }
+  std::sort(entries.begin(), entries.end(), [](const Entry& a, const Entry& b) { return a.begin < b.begin; });
+  for (auto& e : entries) {
+    e.tensor.values.resize((e.end - e.begin) / 4);
+    in.seekg(static_cast<std::streamoff>(8 + length + e.begin));
+    if (!in.read(reinterpret_cast<char*>(e.tensor.values.data()), static_cast<std::streamsize>(e.end - e.begin)))
+      throw fail("tensor '" + e.tensor.name + "': the file ends inside its data");
+    out.tensors.push_back(std::move(e.tensor));
+  }
+  return out;
+}
+
+}  // namespace diloco
