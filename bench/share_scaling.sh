@@ -5,9 +5,9 @@
 #   bench/share_scaling.sh [--config configs/tiny.toml] [--learners 3] [--steps 240]
 #                          [--seeds "1 2 3"] [--out DIR]
 #
-# For each seed: a local cluster (scripts/run_local.py: 1 merger, --learners learners over two
-# regions, quorum from the config) with merger.share_scaling=true, the same with false, and a
-# standalone learner (--standalone, no Kafka) for the same number of steps. Prints the evaluator's
+# For each seed: a local cluster (decoupled_diloco.tools.run_local: 1 merger, --learners learners
+# over two regions, quorum from the config) with merger.share_scaling=true, the same with false, and
+# a standalone learner (--standalone, no Kafka) for the same number of steps. Prints the evaluator's
 # final global held-out loss of each cluster, the learners' last training losses, and the
 # standalone learner's held-out loss at its last step. Run folders are kept under --out.
 #
@@ -15,6 +15,8 @@
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BIN="${DILOCO_BIN_DIR:-$ROOT/build/bin}"
+source "$ROOT/scripts/lib.sh"
+need_python
 
 config="configs/tiny.toml" learners=3 steps=240 seeds="1 2 3" out="/tmp/diloco-share-scaling"
 while [[ $# -gt 0 ]]; do
@@ -37,7 +39,7 @@ for seed in $seeds; do
   for scaling in true false; do
     dir="$out/share-$scaling-s$seed"
     rm -rf "$dir"
-    /usr/bin/python3 scripts/run_local.py "$config" --learners "$learners" --regions eu,us --steps "$steps" \
+    "$DILOCO_PYTHON" -m decoupled_diloco.tools.run_local "$config" --learners "$learners" --regions eu,us --steps "$steps" \
       --no-report --bin-dir "$BIN" --set merger.share_scaling="$scaling" --set run.seed="$seed" \
       --set train.eval_every=0 --run-dir "$dir" >"$dir.log" 2>&1 || echo "run-local failed: see $dir.log" >&2
     global="$(grep -o 'global held-out [0-9.]*' "$dir.log" | tail -1 | awk '{print $3}')"

@@ -14,6 +14,14 @@ DILOCO_PYTHON="$DILOCO_VENV/bin/python"
 say() { printf '%s\n' "$*" >&2; }
 die() { printf 'error: %s\n' "$*" >&2; exit 1; }
 
+# Before a wrapper in scripts/ or bench/ runs one of the package's tools,
+# "$DILOCO_PYTHON" -m decoupled_diloco.tools.<module>: the project's Python must exist, and the
+# tool is told where the repository is (it runs scripts/broker and reads configs/ from there).
+need_python() {
+  [[ -x "$DILOCO_PYTHON" ]] || die "$DILOCO_PYTHON is missing: run scripts/bootstrap"
+  export DILOCO_ROOT
+}
+
 # Prints the directory holding the broker's jars: $KAFKA_HOME/libs for an official distribution,
 # otherwise the Maven-fetched cache. Fails with a way out when neither exists.
 kafka_lib_dir() {

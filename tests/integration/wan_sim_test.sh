@@ -17,8 +17,8 @@ tmp="$(mktemp -d /tmp/diloco-wan-test.XXXXXX)"
 tag1="ddt$((RANDOM % 10000))a" tag2="ddt$((RANDOM % 10000))b"
 fail() { echo "FAIL: $*" >&2; exit 1; }
 cleanup() {
-  /usr/bin/python3 "$root/scripts/wan_sim.py" --cleanup "$tag1" >/dev/null 2>&1 || true
-  /usr/bin/python3 "$root/scripts/wan_sim.py" --cleanup "$tag2" >/dev/null 2>&1 || true
+  "$root/scripts/wan-sim" --cleanup "$tag1" >/dev/null 2>&1 || true
+  "$root/scripts/wan-sim" --cleanup "$tag2" >/dev/null 2>&1 || true
   [[ -n "${KEEP:-}" ]] || rm -rf "$tmp"
 }
 trap cleanup EXIT
@@ -73,7 +73,7 @@ for _ in $(seq 1 180); do
 done
 grep -q '"event":"adopt"' "$run2/learner-0/metrics.jsonl" || fail "no adoption within 180 s"
 ip netns list | grep -q "^$tag2-core" || fail "the namespaces of the second run are not there"
-pyharness="$(pgrep -f "wan_sim.py.*--tag $tag2" | head -1)"
+pyharness="$(pgrep -f "decoupled_diloco.tools.wan_sim.*--tag $tag2" | head -1)"
 [[ -n "$pyharness" ]] || fail "the harness process is not found"
 kill -KILL "$pyharness"
 gone=0

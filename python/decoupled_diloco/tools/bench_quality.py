@@ -2,7 +2,8 @@
 one learner with M times the steps, synchronous DiLoCo and per-step synchronous averaging, on the
 same number of inner steps per learner, with fixed seeds.
 
-Run by bench/quality with Debian's /usr/bin/python3 (standard library and python3-matplotlib).
+Run by bench/quality (or diloco-bench-quality) with the project's Python (standard library and
+python3-matplotlib).
 
     bench/quality --quick                       # M=2, one seed, eight rows, S=400 (7 minutes on a loaded 2-core machine)
     bench/quality                               # M=2,4, seeds 1,2,3 for the headline rows
@@ -11,7 +12,7 @@ Run by bench/quality with Debian's /usr/bin/python3 (standard library and python
     bench/quality --dry-run                     # the runs and their commands, nothing run
     bench/quality --resume --out bench/results/quality-...   # continue an interrupted benchmark
 
-Every row's overrides are in ROWS below. Cluster runs go through scripts/run_local.py (one merger,
+Every row's overrides are in ROWS below. Cluster runs go through run_local (one merger,
 M learners over the regions eu,us, one --eval-only learner); standalone runs are one
 diloco-learner --standalone (no Kafka). The results folder gets one folder per run
 (runs/M<m>/<row>-s<seed>/, with the processes' logs and metrics.jsonl and the run's result.json),
@@ -28,12 +29,10 @@ import shutil
 import signal
 import subprocess
 import sys
-
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts"))
-from run_local import read_jsonl  # noqa: E402
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from . import repository
+from .run_local import read_jsonl
 
 # ---- what is run --------------------------------------------------------------------------------
 
@@ -184,7 +183,7 @@ class Run:
         if self.kind == "standalone":
             return [os.path.join(a.bin_dir, "diloco-learner"), "-c", a.config, "--standalone", "--steps",
                     str(self.steps), *sets, "--run-dir", self.dir]
-        cmd = ["/usr/bin/python3", os.path.join(ROOT, "scripts", "run_local.py"), a.config, "--learners", str(self.m),
+        cmd = [sys.executable, "-m", f"{__package__}.run_local", a.config, "--learners", str(self.m),
                "--regions", "eu,us", "--steps", str(self.steps), "--no-report", "--bin-dir", a.bin_dir,
                "--run-dir", self.dir, *sets]
         if self.row.get("half_speed"):
@@ -416,7 +415,7 @@ def run_one(run, timeout):
     t0 = time.time()
     stopped = False
     with open(log_path, "wb") as log:
-        p = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+        p = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=repository.root())
         CHILD.append(p)
         try:
             while True:
@@ -562,7 +561,7 @@ def write_plots(results, out):
 def machine():
     def run(cmd):
         try:
-            return subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT).stdout.strip()
+            return subprocess.run(cmd, capture_output=True, text=True, cwd=repository.root()).stdout.strip()
         except OSError:
             return "?"
     model = ""
@@ -577,6 +576,19 @@ def machine():
                 dirty=bool(dirty), loadavg=os.getloadavg())
 
 
+def parallel_efficiency(l1, l1xm, lm):
+    """(L_1 - L_M) / (L_1 - L_1xM): the share of the gain of one learner with M times the steps over
+    one learner that a row of M learners recovered (1: all of it, 0: none). None when a loss is
+    missing or the two references are equal."""
+    return (l1 - lm) / (l1 - l1xm) if None not in (l1, l1xm, lm) and l1 != l1xm else None
+
+
+def gap_to_sync_percent(lm, l_sync):
+    """(L_M - L_sync) / L_sync in percent (negative: better than synchronous DiLoCo); None when a loss
+    is missing or L_sync is 0."""
+    return 100 * (lm - l_sync) / l_sync if None not in (lm, l_sync) and l_sync else None
+
+
 def write_summary(args, results, info, plots, complete):
     groups = grouped(results)
     lines = ["# Quality benchmark (`bench/quality`)", ""]
@@ -588,7 +600,7 @@ def write_summary(args, results, info, plots, complete):
               f"{info['machine']['cpu']}; load average at the start {', '.join(f'{x:.1f}' for x in info['loadavg'])}", "",
               f"Commit: {info['machine']['commit']}" + (" (with uncommitted changes)" if info['machine']['dirty'] else "")
               + f"; binaries from `{args.bin_dir}`", "",
-              f"Config `{os.path.relpath(args.config, ROOT)}`, S = {args.steps} inner steps per learner, "
+              f"Config `{os.path.relpath(args.config, repository.root())}`, S = {args.steps} inner steps per learner, "
               f"seeds {','.join(map(str, args.seeds))} for the headline rows (the others: seed {args.seeds[0]}), "
               f"regions eu,us, one merger, one evaluator."
               + (f" Extra overrides of every run: `{' '.join(args.set)}`." if args.set else "")
@@ -654,8 +666,8 @@ def write_summary(args, results, info, plots, complete):
         for (gm, name), lm in sorted(means.items(), key=lambda kv: row_order(kv[0][1])):
             if gm != m or groups[(gm, name)][0]["kind"] != "cluster":
                 continue
-            eff = (l1 - lm) / (l1 - l1m) if None not in (l1, l1m, lm) and l1 != l1m else None
-            gap = 100 * (lm - ls) / ls if None not in (lm, ls) and ls else None
+            eff = parallel_efficiency(l1, l1m, lm)
+            gap = gap_to_sync_percent(lm, ls)
             lines.append(f"| {m} | {name} | {fmt(lm)} | {fmt(eff, 2)} | "
                          f"{(f'{gap:+.2f} %') if gap is not None else '-'} |")
     lines += [""]
@@ -694,7 +706,7 @@ def write_outputs(args, results, info, complete):
 
 # ---- main ---------------------------------------------------------------------------------------
 
-def parse_args():
+def parse_args(argv):
     p = argparse.ArgumentParser(
         prog="bench/quality",
         description="Global held-out loss of Decoupled DiLoCo rows against one learner, one learner with M times the "
@@ -718,14 +730,15 @@ def parse_args():
     p.add_argument("--out", help="results folder (default bench/results/quality-<date>-<time>)")
     p.add_argument("--resume", action="store_true", help="skip the runs whose folder already has a result.json")
     p.add_argument("--dry-run", action="store_true", help="print the runs and their commands, run nothing")
-    p.add_argument("--bin-dir", default=os.environ.get("DILOCO_BIN_DIR", os.path.join(ROOT, "build", "bin")),
+    p.add_argument("--bin-dir",
                    help="diloco-learner, diloco-merger, diloco-sample (default build/bin or $DILOCO_BIN_DIR)")
-    args = p.parse_args()
+    args = p.parse_args(argv)
+    root = repository.root()
     if args.quick:
         args.config = "configs/tiny.toml"
-        if "--seeds" not in sys.argv:
+        if "--seeds" not in argv:
             args.seeds = "1"
-        if "--m" not in sys.argv:
+        if "--m" not in argv:
             args.m = "2"
     args.steps = args.steps or (QUICK_STEPS if args.quick else DEFAULT_STEPS)
     try:
@@ -740,19 +753,23 @@ def parse_args():
             p.error(f"override '{o}': expected section.key=value")
     config = os.path.abspath(args.config)
     if not os.path.isfile(config):
-        config = os.path.join(ROOT, args.config)
+        config = os.path.join(root, args.config)
     if not os.path.isfile(config):
         p.error(f"no config file {args.config}")
     args.config = config
-    args.bin_dir = os.path.abspath(args.bin_dir)
+    args.bin_dir = os.path.abspath(args.bin_dir or repository.default_bin_dir())
     if args.out is None:
-        args.out = os.path.join(ROOT, "bench", "results", f"quality-{time.strftime('%Y%m%d-%H%M%S')}")
+        args.out = os.path.join(root, "bench", "results", f"quality-{time.strftime('%Y%m%d-%H%M%S')}")
     args.out = os.path.abspath(args.out)
     return args
 
 
-def main():
-    args = parse_args()
+def main(argv=None) -> int:
+    """bench/quality: the exit status (0 every run finished, 1 a run failed, 2 no run selected, 130
+    interrupted)."""
+    argv = sys.argv[1:] if argv is None else argv
+    args = parse_args(argv)
+    config_name = os.path.relpath(args.config, repository.root())
     runs = plan(args)
     if not runs:
         say("no run matches --rows / --m")
@@ -764,7 +781,7 @@ def main():
         elif r.identity():
             seen.add(r.identity())
     total_estimate = sum(r.estimate() for r in runs if id(r) not in repeats)
-    say(f"bench/quality: {len(runs)} run{'s' if len(runs) != 1 else ''}, config {os.path.relpath(args.config, ROOT)}, S = {args.steps}, "
+    say(f"bench/quality: {len(runs)} run{'s' if len(runs) != 1 else ''}, config {config_name}, S = {args.steps}, "
         f"M = {','.join(map(str, args.m))}, seeds {','.join(map(str, args.seeds))}; results in {args.out}")
     say(f"estimated time: {duration(total_estimate)} (tiny runs measured on a loaded 2-core machine; a quiet one is faster)")
     if args.dry_run:
@@ -781,9 +798,9 @@ def main():
             say(f"error: {tool} is not in {args.bin_dir} (build first or pass --bin-dir)")
             return 1
     os.makedirs(args.out, exist_ok=True)
-    info = dict(command=" ".join(shell_quote(a) for a in ["bench/quality"] + sys.argv[1:]),
+    info = dict(command=" ".join(shell_quote(a) for a in ["bench/quality"] + argv),
                 date=time.strftime("%a %b %d %H:%M:%S UTC %Y", time.gmtime()), machine=machine(),
-                loadavg=os.getloadavg(), config=os.path.relpath(args.config, ROOT), steps=args.steps, m=args.m,
+                loadavg=os.getloadavg(), config=config_name, steps=args.steps, m=args.m,
                 seeds=args.seeds, set=args.set, decoupled_set=args.decoupled_set, unset=args.unset, optimizers=list(OPTIMIZERS),
                 bin_dir=args.bin_dir)
     if args.resume:  # keep the date of the first start

@@ -1,8 +1,8 @@
 """Summarises a run folder written by scripts/run-local: PNG plots and one page (index.md and
 index.html) with the configuration, the headline numbers, the plots and the text sample.
 
-Run it through scripts/report, which picks Debian's interpreter (the one with
-python3-matplotlib). It reads only the run folder and writes only the output folder.
+Run it as scripts/report (or diloco-report) with the project's Python, which sees Debian's
+python3-matplotlib. It reads only the run folder and writes only the output folder.
 Partial runs are fine: every plot is drawn from whatever events exist, and a plot without data
 says so instead of failing.
 """
@@ -1004,7 +1004,9 @@ def report(run_dir, out_dir):
     return os.path.join(out_dir, "index.html")
 
 
-def main(argv):
+def main(argv=None) -> int:
+    """scripts/report: writes the report of a run folder and prints the path of its index.html;
+    the exit status (1 on bad input, with one line that says why)."""
     parser = ArgumentParser(
         prog=PROG,
         description="Plots and a summary page (index.md, index.html) of a run folder written by "
@@ -1031,4 +1033,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(main())

@@ -14,7 +14,7 @@ import subprocess
 import sys
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from . import repository
 
 # Failure rates: mean seconds up and to repair, per kind. A learner is down about
 # mttr / (mtbf + mttr) of the time for each kind: "high" about 15% killed + 5% paused = 20%,
@@ -44,7 +44,8 @@ def down_share(rate):
 
 def command(args, rate, mode, seed, run_dir):
     r = RATES[rate]
-    cmd = [os.path.join(ROOT, "scripts", "chaos"), args.config, "--seed", str(seed), "--seconds", str(args.seconds),
+    cmd = [os.path.join(repository.root(), "scripts", "chaos"), args.config, "--seed", str(seed),
+           "--seconds", str(args.seconds),
            "--learners", str(args.learners), "--mergers", str(args.mergers), "--nodes", str(args.nodes),
            "--learner-mtbf", str(r["learner"][0]), "--learner-mttr", str(r["learner"][1]),
            "--pause-mtbf", str(r["pause"][0]), "--pause-mttr", str(r["pause"][1]),
@@ -110,7 +111,9 @@ def summary(args, results, info):
     return "\n".join(lines) + "\n"
 
 
-def main():
+def main(argv=None) -> int:
+    """bench/chaos: the exit status (0 when every run passed its checks)."""
+    argv = sys.argv[1:] if argv is None else argv
     p = argparse.ArgumentParser(prog="bench/chaos", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", default="configs/tiny.toml")
@@ -127,9 +130,11 @@ def main():
                         "they do not, as in bench/quality: the cluster's evaluator process measures the held-out loss "
                         "of the merged model, and evals on the learners would take their time from training "
                         "(about 8%% on tiny)")
-    p.add_argument("--out", default=os.path.join(ROOT, "bench", "results", time.strftime("chaos-%Y%m%d-%H%M%S")))
+    p.add_argument("--out")
     p.add_argument("--resume", action="store_true", help="keep the runs that have a chaos.json")
-    args = p.parse_args()
+    args = p.parse_args(argv)
+    root = repository.root()
+    args.out = args.out or os.path.join(root, "bench", "results", time.strftime("chaos-%Y%m%d-%H%M%S"))
     args.rates = [r for r in args.rates.split(",") if r]
     args.modes = [m for m in args.modes.split(",") if m]
     for r in args.rates:
@@ -139,8 +144,9 @@ def main():
         if m not in ("decoupled", "sync"):
             p.error(f"unknown mode {m}")
     os.makedirs(args.out, exist_ok=True)
-    commit = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-    info = {"command": "bench/chaos " + " ".join(sys.argv[1:]), "date": time.strftime("%a %b %d %H:%M:%S UTC %Y", time.gmtime()),
+    commit = subprocess.run(["git", "-C", root, "rev-parse", "--short", "HEAD"], capture_output=True,
+                            text=True).stdout.strip()
+    info = {"command": "bench/chaos " + " ".join(argv), "date": time.strftime("%a %b %d %H:%M:%S UTC %Y", time.gmtime()),
             "machine": " ".join(os.uname()), "commit": commit}
     plan = [(rate, seed, mode) for rate in args.rates for seed in args.seeds for mode in args.modes]
     say(f"{len(plan)} runs of {args.seconds:.0f} s; results in {args.out}")
@@ -154,7 +160,7 @@ def main():
             say(f"[{i}/{len(plan)}] {rate} {mode} seed {seed}: started")
             os.makedirs(run_dir, exist_ok=True)
             with open(os.path.join(args.out, "runs", f"{rate}-{mode}-s{seed}.log"), "w") as log:
-                code = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT).returncode
+                code = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=root).returncode
             entry["exit_code"] = code
         try:
             with open(result_path) as f:

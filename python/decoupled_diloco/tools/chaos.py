@@ -1,7 +1,6 @@
-"""scripts/chaos: a local cluster run under a seeded failure schedule (run by scripts/chaos with
-Debian's /usr/bin/python3).
+"""scripts/chaos: a local cluster run under a seeded failure schedule (installed as diloco-chaos).
 
-Starts the cluster of scripts/run-local (scripts/run_local.py's Cluster) for a wall-clock budget
+Starts the cluster of scripts/run-local (run_local's Cluster) for a wall-clock budget
 and, on a schedule drawn from --seed, kills learners and mergers with SIGKILL and restarts them
 under the same id, pauses learners with SIGSTOP/SIGCONT (an island cut off or stalled), and with
 --nodes 3 kills and restarts one Kafka broker at a time. Each kind of fault has a mean time
@@ -35,10 +34,7 @@ import subprocess
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import run_local  # noqa: E402  (the cluster, the view, the broker helpers)
-
-ROOT = run_local.ROOT
+from . import repository, run_local
 
 
 def say(message):
@@ -110,12 +106,12 @@ STARTING_NODES = []  # `scripts/broker start-node` processes still waiting for t
 def broker_node(action, node):
     """Kills a broker node (at once), or starts it again in the background: a node takes seconds
     to come up, and the schedule goes on meanwhile."""
-    argv = [os.path.join(ROOT, "scripts", "broker"), f"{action}-node", "--node", str(node)]
+    argv = [os.path.join(repository.root(), "scripts", "broker"), f"{action}-node", "--node", str(node)]
     if action == "start":
-        STARTING_NODES.append((node, subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.DEVNULL,
+        STARTING_NODES.append((node, subprocess.Popen(argv, cwd=repository.root(), stdout=subprocess.DEVNULL,
                                                       stderr=subprocess.PIPE, text=True)))
         return
-    r = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True)
+    r = subprocess.run(argv, cwd=repository.root(), capture_output=True, text=True)
     if r.returncode != 0:
         raise RuntimeError(f"scripts/broker {action}-node --node {node}: {r.stderr.strip()}")
 
@@ -300,7 +296,7 @@ def longest_outside(points, excluded):
 def replay(cluster, *argv):
     cmd = [os.path.join(cluster.bin_dir, "diloco-replay"), "-c", os.path.join(cluster.run_dir, "config.toml"),
            "--bootstrap", cluster.servers, *[a for o in cluster.overrides for a in ("--set", o)], *argv]
-    return subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+    return subprocess.run(cmd, capture_output=True, text=True, cwd=repository.root())
 
 
 def analyse(cluster, args, faults, wall_seconds):
@@ -445,7 +441,7 @@ def analyse(cluster, args, faults, wall_seconds):
 
 # ---- the command --------------------------------------------------------------------------------
 
-def parse_args():
+def parse_args(argv=None):
     p = argparse.ArgumentParser(
         prog="scripts/chaos",
         description="Runs the local cluster of scripts/run-local for --seconds under a seeded failure schedule "
@@ -483,9 +479,8 @@ def parse_args():
     p.add_argument("--run-dir", help="run folder (default: runs/<run id>)")
     p.add_argument("--no-report", action="store_true", help="skip the text sample and the report")
     p.add_argument("--dry-run", action="store_true", help="print the schedule and exit")
-    p.add_argument("--bin-dir", default=os.environ.get("DILOCO_BIN_DIR", os.path.join(ROOT, "build", "bin")),
-                   help="where the diloco binaries are (default: build/bin or $DILOCO_BIN_DIR)")
-    args = p.parse_args()
+    p.add_argument("--bin-dir", help="where the diloco binaries are (default: build/bin or $DILOCO_BIN_DIR)")
+    args = p.parse_args(argv)
     if args.seconds <= args.warmup + args.cooldown:
         p.error("--seconds must be above --warmup + --cooldown")
     for name in ("learner_mttr", "pause_mttr", "merger_mttr", "broker_mttr"):
@@ -494,11 +489,14 @@ def parse_args():
     return args
 
 
-def main():
-    args = parse_args()
+def main(argv=None) -> int:
+    """scripts/chaos: the exit status (0 every check passes, 1 one fails, 2 the run could not be made)."""
+    args = parse_args(argv)
+    root = repository.root(exit_status=2)
+    args.bin_dir = args.bin_dir or repository.default_bin_dir()
     # What run_local.cluster_from_args reads; the step budget is far away, the time budget decides.
     args.steps, args.tokens, args.speed_factors, args.max_seconds = 1_000_000, None, None, args.seconds
-    config_path = args.config if os.path.isfile(args.config) else os.path.join(ROOT, args.config)
+    config_path = args.config if os.path.isfile(args.config) else os.path.join(root, args.config)
     if not os.path.isfile(config_path):
         fail(f"no config file '{args.config}' (try configs/tiny.toml)")
     config = run_local.load_config(args.bin_dir, config_path, args.overrides)

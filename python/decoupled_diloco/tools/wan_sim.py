@@ -1,5 +1,5 @@
 """scripts/wan-sim: the local cluster of scripts/run-local with every region behind a link of limited
-rate. Run by scripts/wan-sim with Debian's /usr/bin/python3 (standard library only); needs root
+rate. Run by scripts/wan-sim with the project's Python (standard library only); needs root
 (network namespaces) and iproute2's `ip` and `tc`.
 
 One network namespace per region and one for the broker, the mergers and the evaluator ("core").
@@ -37,11 +37,10 @@ import re
 import signal
 import subprocess
 import sys
-import threading
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import run_local as rl  # noqa: E402
+from . import repository
+from . import run_local as rl
 
 SERVICE = "10.77.0.1"        # the core's services (broker, mergers) on the core's loopback
 BROKER_PORT = 19092          # inside the core namespace, so it never meets the host's broker
@@ -125,7 +124,7 @@ def remove(tag, broker_env=None):
     spaces = namespaces_of(tag)
     core = f"{tag}-core"
     if broker_env and core in spaces:
-        subprocess.run(["ip", "netns", "exec", core, os.path.join(rl.ROOT, "scripts", "broker"), "stop"],
+        subprocess.run(["ip", "netns", "exec", core, os.path.join(repository.root(), "scripts", "broker"), "stop"],
                        env={**os.environ, **broker_env}, capture_output=True, timeout=60)
     for ns in spaces:
         for _ in range(50):
@@ -191,9 +190,9 @@ class WanCluster(rl.Cluster):
     def prepare_broker(self, partitions=None):
         """A broker of the run's own inside the core namespace (stopped by remove())."""
         say(f"starting the Kafka broker in {self.net.core} at {SERVICE}:{BROKER_PORT}")
-        result = subprocess.run(["ip", "netns", "exec", self.net.core, os.path.join(rl.ROOT, "scripts", "broker"),
-                                 "start", "--run", self.run_id, "--regions", ",".join(self.regions), "--partitions",
-                                 str(partitions or self.fragments)],
+        broker = os.path.join(repository.root(), "scripts", "broker")
+        result = subprocess.run(["ip", "netns", "exec", self.net.core, broker, "start", "--run", self.run_id,
+                                 "--regions", ",".join(self.regions), "--partitions", str(partitions or self.fragments)],
                                 env={**os.environ, **self.broker_env, "KAFKA_HEAP_OPTS": "-Xms256m -Xmx768m"},
                                 capture_output=True, text=True)
         if result.returncode != 0:
@@ -238,7 +237,7 @@ def check(cluster):
         return subprocess.run(["ip", "netns", "exec", cluster.net.core, os.path.join(cluster.bin_dir, "diloco-replay"),
                                "-c", os.path.join(cluster.run_dir, "config.toml"), "--bootstrap", cluster.servers,
                                *[a for o in cluster.overrides for a in ("--set", o)], *argv],
-                              capture_output=True, text=True, cwd=rl.ROOT)
+                              capture_output=True, text=True, cwd=repository.root())
     audit_run = replay("audit", "--json")
     try:
         audit = json.loads(audit_run.stdout.strip().splitlines()[-1])
@@ -264,7 +263,7 @@ def parse_cut(text, regions):
     return m.group(1), float(m.group(2)), float(m.group(3))
 
 
-def parse_args():
+def parse_args(argv=None):
     p = argparse.ArgumentParser(prog="scripts/wan-sim", description=__doc__.split("\n\n")[0].replace("\n", " "),
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog="\n\n".join(__doc__.split("\n\n")[1:]))
@@ -284,15 +283,16 @@ def parse_args():
     p.add_argument("--cleanup", metavar="TAG", help="remove the namespaces a harness of this tag left, and exit")
     p.add_argument("--watchdog", nargs=3, metavar=("TAG", "PID", "BROKER_DIR"), help=argparse.SUPPRESS)
     rl.add_cluster_args(p)
-    return p.parse_args()
+    return p.parse_args(argv)
 
 
-def main():
-    args = parse_args()
+def main(argv=None) -> int:
+    """scripts/wan-sim: the exit status (1 when a process or a check failed)."""
+    args = parse_args(argv)
     if args.watchdog:
         tag, parent, broker_dir = args.watchdog
         watchdog(tag, int(parent), broker_dir)
-        return
+        return 0
     if not re.fullmatch(r"[A-Za-z0-9]{1,8}", args.cleanup or args.tag):
         fail(f"--tag '{args.cleanup or args.tag}': 1 to 8 letters and digits (interface names are at most 15 characters)")
     if os.geteuid() != 0 and not args.dry_run:
@@ -303,7 +303,7 @@ def main():
     if args.cleanup:
         removed = remove(args.cleanup)
         say(f"removed {', '.join(removed) or 'nothing'}")
-        return
+        return 0
     for text in [args.rate] + [r.split("=", 1)[-1] for r in args.region_rate]:
         if not RATE_RE.match(text):
             fail(f"rate '{text}': a number and a unit as tc writes it (bit, kbit, mbit, gbit), e.g. 20mbit")
@@ -312,15 +312,17 @@ def main():
             fail(f"{name} '{text}': a size in bytes, kb or mb, e.g. 32kb")
     if namespaces_of(args.tag):
         fail(f"namespaces of tag {args.tag} exist already: scripts/wan-sim --cleanup {args.tag}, or another --tag")
+    repository.root()
+    args.bin_dir = args.bin_dir or repository.default_bin_dir()
     cluster = rl.cluster_from_args(args, make=lambda *a: WanCluster(args, *a))
     net = cluster.net
     if args.dry_run:
         for cmd in net.commands():
             print(" ".join(cmd))
-        return
+        return 0
     # The watchdog first, so that nothing this harness creates can outlive it.
     log = open(os.path.join(cluster.run_dir, "wan-watchdog.log"), "a")
-    guard = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--watchdog", args.tag, str(os.getpid()),
+    guard = subprocess.Popen([sys.executable, "-m", __spec__.name, "--watchdog", args.tag, str(os.getpid()),
                               cluster.broker_env["DILOCO_BROKER_DIR"]],
                              start_new_session=True, stdin=subprocess.DEVNULL, stdout=log, stderr=log)
     try:
@@ -338,8 +340,8 @@ def main():
         guard.terminate()
         guard.wait(5)
         say(f"removed {', '.join(removed) or 'nothing'}")
-    sys.exit(status)
+    return status
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -1,4 +1,4 @@
-"""The main job's launcher (run by scripts/run-local with Debian's /usr/bin/python3).
+"""The main job's launcher (scripts/run-local; installed as diloco-run-local).
 
 Starts a local multi-region cluster on a running broker: M mergers, N learners spread over R
 regions (each with its own speed factor) and one --eval-only learner that measures the global
@@ -18,7 +18,7 @@ import subprocess
 import sys
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from . import repository
 
 
 def fail(message):
@@ -58,7 +58,7 @@ def write_run_config(config_path, overrides, run_id, out_path):
         text = re.sub(r"(?m)^\[run\]\s*$", lambda _: "[run]\n" + id_line, text, count=1)
     else:
         text = f"[run]\n{id_line}\n\n" + text
-    header = f"# {os.path.relpath(config_path, ROOT)} of the repository, as run by scripts/run-local"
+    header = f"# {os.path.relpath(config_path, repository.root())} of the repository, as run by scripts/run-local"
     if overrides:
         header += " with " + " ".join(f"--set {o}" for o in overrides)
     with open(out_path, "w") as f:
@@ -87,7 +87,7 @@ class Child:
         self.name, self.role, self.log_path = name, role, log_path
         self.log = open(log_path, "wb")
         # Own process group: Ctrl-C reaches only this launcher, which stops children in order.
-        self.proc = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT, cwd=ROOT,
+        self.proc = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT, cwd=repository.root(),
                                      start_new_session=True)
 
     def running(self):
@@ -316,21 +316,23 @@ def summary_line(view, elapsed):
 # ---- the run ------------------------------------------------------------------------------------
 
 def broker(*args, check=True):
-    result = subprocess.run([os.path.join(ROOT, "scripts", "broker"), *args], cwd=ROOT,
+    result = subprocess.run([os.path.join(repository.root(), "scripts", "broker"), *args], cwd=repository.root(),
                             capture_output=True, text=True)
     if check and result.returncode != 0:
         fail(f"scripts/broker {' '.join(args)} failed:\n{result.stderr.strip()}")
     return result
 
 
-def parse_args():
+def parse_args(argv=None):
     p = argparse.ArgumentParser(
         prog="scripts/run-local",
         description="Runs a local Decoupled DiLoCo cluster (mergers, learners over regions, one evaluator of the "
                     "global model) on the local Kafka broker, shows its progress, stops at the budget or on "
                     "Ctrl-C, and leaves logs, metrics, the final model, a text sample and a report in the run folder.")
     add_cluster_args(p)
-    return p.parse_args()
+    args = p.parse_args(argv)
+    args.bin_dir = args.bin_dir or repository.default_bin_dir()
+    return args
 
 
 def add_cluster_args(p):
@@ -348,7 +350,7 @@ def add_cluster_args(p):
                    help="config override for every process (repeatable), e.g. --set merger.quorum=2")
     p.add_argument("--run-dir", help="run folder (default: runs/<run id>)")
     p.add_argument("--no-report", action="store_true", help="skip the text sample and the report at the end")
-    p.add_argument("--bin-dir", default=os.environ.get("DILOCO_BIN_DIR", os.path.join(ROOT, "build", "bin")),
+    p.add_argument("--bin-dir",
                    help="where diloco-learner and diloco-merger are (default: build/bin or $DILOCO_BIN_DIR)")
 
 
@@ -373,7 +375,8 @@ class Cluster:
         self.final_model = os.path.join(run_dir, "final_model.pt")
         os.makedirs(run_dir, exist_ok=True)
         write_run_config(config_path, overrides, run_id, os.path.join(run_dir, "config.toml"))
-        self.info = {"run_id": run_id, "config": os.path.relpath(config_path, ROOT), "overrides": overrides,
+        self.info = {"run_id": run_id, "config": os.path.relpath(config_path, repository.root()),
+                     "overrides": overrides,
                      "learners": learners, "regions": regions, "mergers": mergers,
                      "speed_factors": [self.speed_of(i) for i in range(learners)],
                      "learner_regions": {self.learner_names[i]: self.region_of(i) for i in range(learners)},
@@ -515,7 +518,8 @@ class Cluster:
                 say(f"diloco-sample failed: {sample.stderr.strip()}")
         else:
             say("no final model was exported (the evaluator saw no merged version)")
-        report = subprocess.run([os.path.join(ROOT, "scripts", "report"), self.run_dir], capture_output=True, text=True)
+        report = subprocess.run([sys.executable, "-m", f"{__package__}.report", self.run_dir], capture_output=True,
+                                text=True)
         if report.returncode != 0:
             say(f"the report failed: {report.stderr.strip()}")
         else:
@@ -528,7 +532,7 @@ def cluster_from_args(args, make=None):
     # A path relative to the working directory, or else to the repository (configs/demo.toml).
     config_path = os.path.abspath(args.config)
     if not os.path.isfile(config_path):
-        config_path = os.path.join(ROOT, args.config)
+        config_path = os.path.join(repository.root(), args.config)
     if not os.path.isfile(config_path):
         fail(f"no config file '{args.config}' (try configs/demo.toml or configs/tiny.toml)")
     config = load_config(args.bin_dir, config_path, args.overrides)
@@ -542,7 +546,7 @@ def cluster_from_args(args, make=None):
         if not os.access(os.path.join(args.bin_dir, tool), os.X_OK):
             fail(f"{tool} is not built in {args.bin_dir} (scripts/run-local builds it; or set --bin-dir)")
     run_id = f"{config['run']['id']}-{time.strftime('%Y%m%d-%H%M%S')}"
-    run_dir = os.path.abspath(args.run_dir or os.path.join(ROOT, "runs", run_id))
+    run_dir = os.path.abspath(args.run_dir or os.path.join(repository.root(), "runs", run_id))
     earlier = [p for p in [os.path.join(run_dir, "run.json")] + glob.glob(os.path.join(run_dir, "*", "metrics.jsonl"))
                if os.path.exists(p)]
     if earlier:  # the processes append to their metrics: two runs would mix in every measurement
@@ -552,9 +556,11 @@ def cluster_from_args(args, make=None):
                              args.max_seconds, run_dir, args.bin_dir, run_id, tokens_per_step, fragments)
 
 
-def main():
-    args = parse_args()
-    sys.exit(run(cluster_from_args(args), args))
+def main(argv=None) -> int:
+    """scripts/run-local: runs the cluster that the command line describes; the exit status."""
+    args = parse_args(argv)
+    repository.root()
+    return run(cluster_from_args(args), args)
 
 
 def run(cluster, args, on_tick=None):
@@ -621,4 +627,4 @@ def run(cluster, args, on_tick=None):
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -2,7 +2,8 @@
 per-step synchronous averaging, with every region behind a rate-limited link (scripts/wan-sim),
 at several link rates, on the same model, seed and token budget.
 
-Run by bench/wan with Debian's /usr/bin/python3 (standard library); needs root (scripts/wan-sim).
+Run by bench/wan (or diloco-bench-wan) with the project's Python (standard library); needs root
+(scripts/wan-sim).
 
     bench/wan --rates 2860kbit,715kbit --target 2.3          # the scaled rate and 4x lower (README)
     bench/wan --modes decoupled --rates 2860kbit --dry-run   # the commands, nothing run
@@ -33,16 +34,14 @@ import subprocess
 import sys
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "scripts"))
-sys.path.insert(0, os.path.join(ROOT, "bench"))
-from run_local import read_jsonl  # noqa: E402
-import quality  # noqa: E402  (the rows' overrides: one definition of each mode)
-import report  # noqa: E402  (its Plotter)
+from . import bench_quality  # the rows' overrides: one definition of each mode
+from . import repository
+from .report import Plotter
+from .run_local import read_jsonl
 
 MODES = {
     "decoupled": "Decoupled K=1+grace (int4, aligned) nesterov",
-    "sparse": quality.SPARSE_ROW,  # the same with configs/demo.toml's sparse deltas and outer SGD
+    "sparse": bench_quality.SPARSE_ROW,  # the same with configs/demo.toml's sparse deltas and outer SGD
     "sync": "sync DiLoCo (int4)",
     "perstep": "per-step sync avg (fp32)",
 }
@@ -54,16 +53,17 @@ def say(message):
 
 
 def overrides_of(mode):
-    row = next(r for r in quality.ROWS if r["name"] == MODES[mode])
+    row = next(r for r in bench_quality.ROWS if r["name"] == MODES[mode])
     return [o.replace("{M}", str(LEARNERS)) for o in row["overrides"]]
 
 
 def command(args, mode, rate, run_dir):
-    cmd = [os.path.join(ROOT, "scripts", "wan-sim"), args.config, "--rate", rate, "--learners", str(LEARNERS),
+    cmd = [os.path.join(repository.root(), "scripts", "wan-sim"), args.config, "--rate", rate,
+           "--learners", str(LEARNERS),
            "--regions", "eu,us", "--steps", str(args.steps), "--run-dir", run_dir, "--no-report",
            "--max-seconds", str(args.max_seconds), "--tag", f"ddb{os.getpid() % 10000}"]
-    for o in quality.CLUSTER_COMMON[:1] + [f"cluster.eval_interval={args.eval_interval}",
-                                            f"train.total_steps={args.steps}", f"run.seed={args.seed}"] \
+    for o in bench_quality.CLUSTER_COMMON[:1] + [f"cluster.eval_interval={args.eval_interval}",
+                                                 f"train.total_steps={args.steps}", f"run.seed={args.seed}"] \
             + overrides_of(mode) + args.set:
         cmd += ["--set", o]
     return cmd
@@ -130,7 +130,7 @@ def write_plots(args, results, out_dir):
     """One plot per rate: the global model's held-out loss against seconds since the first learner
     started, every mode, the target as a line; log time, since the modes differ by 10x and more."""
     try:
-        plotter = report.Plotter(out_dir)
+        plotter = Plotter(out_dir)
     except ImportError:
         say("no matplotlib (python3-matplotlib): no plots")
         return []
@@ -154,9 +154,9 @@ def write_plots(args, results, out_dir):
     return names
 
 
-def write_summary(args, results, path):
+def write_summary(args, results, path, argv):
     lines = ["# WAN benchmark (`bench/wan`)", "",
-             f"Command: `bench/wan {' '.join(sys.argv[1:])}`", "",
+             f"Command: `bench/wan {' '.join(argv)}`", "",
              f"Date: {time.strftime('%a %b %d %H:%M:%S %Z %Y')}; machine: `{' '.join(os.uname())}`, `nproc` = {os.cpu_count()}",
              "",
              f"Config `{args.config}`, {LEARNERS} learners (regions eu, us: one each behind its link), S = {args.steps} "
@@ -188,7 +188,10 @@ def write_summary(args, results, path):
         f.write("\n".join(lines) + "\n")
 
 
-def main():
+def main(argv=None) -> int:
+    """bench/wan: runs (or with --dry-run prints) every rate and mode and writes the summary; the exit
+    status."""
+    argv = sys.argv[1:] if argv is None else argv
     p = argparse.ArgumentParser(prog="bench/wan", description=__doc__.split("\n\n")[0].replace("\n", " "))
     p.add_argument("--config", default="configs/tiny.toml")
     p.add_argument("--rates", default="2860kbit,715kbit",
@@ -201,11 +204,13 @@ def main():
     p.add_argument("--eval-interval", type=float, default=1.0, help="seconds between the evaluator's evaluations")
     p.add_argument("--max-seconds", type=int, default=1200, help="time budget of each run (default 1200)")
     p.add_argument("--set", action="append", default=[], metavar="K=V", help="config override of every run")
-    p.add_argument("--out", default=os.path.join(ROOT, "bench", "results", f"wan-{time.strftime('%Y%m%d-%H%M%S')}"))
+    p.add_argument("--out")
     p.add_argument("--resume", action="store_true", help="keep the runs that have a result")
     p.add_argument("--reanalyse", action="store_true", help="measure the runs of --out again (e.g. for another --target)")
     p.add_argument("--dry-run", action="store_true")
-    args = p.parse_args()
+    args = p.parse_args(argv)
+    root = repository.root()
+    args.out = args.out or os.path.join(root, "bench", "results", f"wan-{time.strftime('%Y%m%d-%H%M%S')}")
     args.rates = [r for r in args.rates.split(",") if r]
     args.modes = [m for m in args.modes.split(",") if m]
     for m in args.modes:
@@ -232,7 +237,7 @@ def main():
                 shutil.rmtree(run_dir)
             say(f"{key}: started")
             with open(os.path.join(args.out, f"{key}.log"), "w") as log:
-                code = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT).returncode
+                code = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=root).returncode
             r = measure(run_dir, args.target)
             r["exit_code"] = code
             results[key] = r
@@ -245,9 +250,10 @@ def main():
         with open(results_path, "w") as f:
             json.dump(results, f, indent=2)
     if not args.dry_run:
-        write_summary(args, results, os.path.join(args.out, "summary.md"))
+        write_summary(args, results, os.path.join(args.out, "summary.md"), argv)
         say(f"summary: {os.path.join(args.out, 'summary.md')}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -15,8 +15,7 @@ import json
 import os
 import sys
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts"))
-from run_local import read_jsonl  # noqa: E402
+from .run_local import read_jsonl
 
 
 def events(run, name, kind=None):
@@ -90,17 +89,18 @@ def analyse(run):
     return out
 
 
-def main():
+def main(argv=None) -> int:
+    """bench/link-cut: prints what the cut did to the run folder; the exit status."""
     p = argparse.ArgumentParser(prog="bench/link-cut", description=__doc__.split("\n\n")[0].replace("\n", " "))
     p.add_argument("run_dir")
     p.add_argument("--json", action="store_true", help="one JSON object instead of the table")
-    args = p.parse_args()
+    args = p.parse_args(argv)
     if not os.path.isdir(args.run_dir):
         sys.exit(f"bench/link-cut: {args.run_dir} is not a run folder")
     out = analyse(args.run_dir)
     if args.json:
         print(json.dumps(out, indent=2))
-        return
+        return 0
     print(f"link of {out['region']} cut for {out['cut_seconds']} s; merges/s before {out['merges_per_s_before']}, "
           f"during {out['merges_per_s_during']} ({out['merges_during_cut']} merges)")
     for n, l in out["learners"].items():
@@ -114,7 +114,8 @@ def main():
           f"{out.get('snapshot_bytes')} bytes; updates {out.get('update_bytes')} bytes")
     print(f"held-out loss: {out['heldout']}")
     print(f"checks: {json.dumps(out['checks'])}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -1,0 +1,163 @@
+"""bench/quality's arithmetic: parallel efficiency and the gap to synchronous DiLoCo, the summary's
+tables, a cluster run's and a standalone run's result from hand-made run folders, the mean curve
+over seeds and the plan of runs. Expected values are worked out by hand in the comments."""
+import os
+import types
+
+import pytest
+
+from decoupled_diloco.tools import bench_quality as quality
+
+DECOUPLED = "Decoupled K=1+grace (int4, aligned) nesterov"
+
+
+def test_parallel_efficiency_is_the_share_of_the_gain_recovered():
+    # One learner 2.0, one learner with M x the steps 1.5: a row at 1.75 recovers half of the 0.5.
+    assert quality.parallel_efficiency(2.0, 1.5, 1.75) == pytest.approx(0.5)
+    assert quality.parallel_efficiency(2.0, 1.5, 1.5) == pytest.approx(1.0)
+    assert quality.parallel_efficiency(2.0, 1.5, 2.25) == pytest.approx(-0.5)
+    assert quality.parallel_efficiency(2.0, 2.0, 1.75) is None
+    assert quality.parallel_efficiency(None, 1.5, 1.75) is None
+
+
+def test_gap_to_sync_is_relative_in_percent():
+    assert quality.gap_to_sync_percent(2.0, 1.6) == pytest.approx(25.0)
+    assert quality.gap_to_sync_percent(1.2, 1.6) == pytest.approx(-25.0)
+    assert quality.gap_to_sync_percent(1.2, None) is None
+    assert quality.gap_to_sync_percent(1.2, 0) is None
+
+
+def result(row, seed, kind, final_loss, **extra):
+    return dict(row=row, M=2, seed=seed, kind=kind, ok=True, final_loss=final_loss, overrides=[], **extra)
+
+
+def test_summary_tables(tmp_path):
+    results = [
+        result("one learner", 1, "standalone", 2.1), result("one learner", 2, "standalone", 2.3),
+        result("one learner x M steps", 1, "standalone", 1.8),
+        result("sync DiLoCo (fp32)", 1, "cluster", 1.9),
+        result(DECOUPLED, 1, "cluster", 1.95, wall_seconds=90, merges=10, inputs_per_merge_mean=1.5,
+               inputs_per_merge_hist={"1": 3, "2": 7}, deltas_merged=15, deltas_dropped={"superseded": 2},
+               bytes_sent=1e6, bytes_received=4e6, tokens=1000, bytes_per_token=1000, downlink_bytes_per_token=4000,
+               utilisation=0.9),
+        result(DECOUPLED, 2, "cluster", 2.05, wall_seconds=110, merges=20, inputs_per_merge_mean=2.5,
+               inputs_per_merge_hist={"1": 1, "2": 9}, deltas_merged=45, deltas_dropped={"superseded": 4},
+               bytes_sent=3e6, bytes_received=6e6, tokens=1000, bytes_per_token=3000, downlink_bytes_per_token=6000,
+               utilisation=0.8),
+    ]
+    args = types.SimpleNamespace(out=str(tmp_path), bin_dir="/bin", config=os.path.abspath("configs/tiny.toml"),
+                                 steps=400, seeds=[1, 2], set=[], decoupled_set=[], unset=[])
+    info = dict(command="bench/quality", date="today", loadavg=(1.0, 1.0, 1.0),
+                machine=dict(uname="x", nproc="2", cpu="cpu", commit="abc", dirty=False))
+    quality.write_summary(args, results, info, [], complete=True)
+    with open(tmp_path / "summary.md") as f:
+        text = f.read()
+    # The Decoupled row, means over its two seeds: loss (1.95 + 2.05) / 2, wall (90 + 110) / 2,
+    # merges 15, inputs per merge (1.5 + 2.5) / 2 with the histograms added, deltas merged 30,
+    # dropped 6 over 2 runs, bytes 2 MB up and 5 MB down, 1 k tokens, 2,000 and 5,000 bytes per
+    # token, utilisation 0.85.
+    assert ("| 2 | Decoupled K=1+grace (int4, aligned) nesterov | 2 | **2.000** (1.950, 2.050) | 100 | 15 "
+            "| 2.00 (1:4 2:16) | 30 | superseded 3 | 2.00 MB | 5.00 MB | 1.00 k | 2000.00 | 5000.00 | 0.850 |") in text
+    # L_1 = (2.1 + 2.3) / 2 = 2.2, L_1xM = 1.8: sync DiLoCo at 1.9 recovers 0.3 / 0.4 and is the
+    # reference; Decoupled at 2.0 recovers 0.2 / 0.4 and is (2.0 - 1.9) / 1.9 = 5.26 % above it.
+    assert "| 2 | (L_1 = 2.200, L_1xM = 1.800) | | | |" in text
+    assert "| 2 | sync DiLoCo (fp32) | 1.900 | 0.75 | +0.00 % |" in text
+    assert "| 2 | Decoupled K=1+grace (int4, aligned) nesterov | 2.000 | 0.50 | +5.26 % |" in text
+
+
+def test_cluster_result_from_a_run_folder(tmp_path, at, write_jsonl):
+    run = tmp_path / "run"
+    write_jsonl(str(run / "learner-0" / "metrics.jsonl"), [
+        {"event": "start", "time_us": at(0)},
+        {"event": "step", "step": 10, "tokens": 100, "time_us": at(10)},
+        {"event": "step", "step": 20, "tokens": 200, "time_us": at(20)},
+        {"event": "stop", "step": 20, "tokens": 200, "wait_seconds": 1.0, "compute_seconds": 15.0, "time_us": at(21)},
+        {"event": "shutdown", "bytes_sent": 5000, "bytes_received": 7000, "time_us": at(21.5)},
+    ])
+    write_jsonl(str(run / "learner-1" / "metrics.jsonl"), [
+        {"event": "start", "time_us": at(1)},
+        {"event": "step", "step": 10, "tokens": 100, "time_us": at(11)},
+        {"event": "stop", "step": 10, "tokens": 100, "wait_seconds": 3.0, "compute_seconds": 5.0, "time_us": at(13)},
+        {"event": "shutdown", "bytes_sent": 3000, "bytes_received": 1000, "time_us": at(13.5)},
+    ])
+    write_jsonl(str(run / "eval" / "metrics.jsonl"), [
+        {"event": "global_eval", "eval_loss": 2.5, "versions": [1, 1], "time_us": at(15)},
+        {"event": "global_eval", "eval_loss": 2.0, "versions": [2, 1], "time_us": at(22)},
+    ])
+    write_jsonl(str(run / "merger-0" / "metrics.jsonl"), [
+        {"event": "merge", "inputs": [{}, {}], "dropped": [{"reason": "superseded"}]},
+        {"event": "merge", "inputs": [{}], "dropped": []},
+        {"event": "merge", "inputs": [{}, {}]},
+        {"event": "stop_record", "held": 1},
+    ])
+    with open(run / "run.json", "w") as f:
+        f.write('{"stop_reason": "budget reached", "exit_codes": {"learner-0": 0}}')
+
+    r = quality.cluster_result(types.SimpleNamespace(dir=str(run)))
+    assert r["final_loss"] == 2.0 and r["final_versions"] == [2, 1]
+    assert (r["merges"], r["deltas_merged"], r["inputs_per_merge_hist"]) == (3, 5, {"1": 1, "2": 2})
+    assert r["inputs_per_merge_mean"] == pytest.approx(5 / 3)
+    assert (r["deltas_dropped"], r["deltas_held_at_stop"]) == ({"superseded": 1}, 1)
+    # 5,000 + 3,000 bytes up, 7,000 + 1,000 down, over 200 + 100 tokens.
+    assert (r["bytes_sent"], r["bytes_received"], r["tokens"]) == (8000, 8000, 300)
+    assert r["bytes_per_token"] == pytest.approx(8000 / 300)
+    assert r["downlink_bytes_per_token"] == pytest.approx(8000 / 300)
+    # Compute 15 + 5 s, waiting 1 + 3 s.
+    assert (r["compute_seconds"], r["wait_seconds"]) == (20.0, 4.0)
+    assert r["utilisation"] == pytest.approx(20 / 24)
+    # learner-0 ran 0 to 21 s, learner-1 1 to 13 s.
+    assert (r["learner_steps"], r["learner_seconds"]) == ([20, 10], 21.0)
+    assert (r["stop_reason"], r["exit_codes"]) == ("budget reached", {"learner-0": 0})
+    # At 15 s learner-0 is halfway from step 10 to 20 (150 tokens), learner-1 past its stop at step
+    # 10 (100 tokens): mean step 12.5, 250 tokens. At 22 s: steps 20 and 10, 300 tokens.
+    assert r["curve"] == [dict(step=12.5, tokens=250, loss=2.5, versions=[1, 1]),
+                          dict(step=15, tokens=300, loss=2.0, versions=[2, 1])]
+
+
+def test_standalone_result_takes_the_eval_at_the_last_step(tmp_path, at, write_jsonl):
+    run = tmp_path / "run"
+    write_jsonl(str(run / "metrics.jsonl"), [
+        {"event": "start", "time_us": at(0)},
+        {"event": "eval", "step": 50, "tokens": 500, "eval_loss": 3.0, "time_us": at(5)},
+        {"event": "eval", "step": 100, "tokens": 1000, "eval_loss": 2.5, "time_us": at(10)},
+        {"event": "stop", "step": 100, "tokens": 1000, "wait_seconds": 0.0, "compute_seconds": 9.0, "time_us": at(12)},
+    ])
+    r = quality.standalone_result(types.SimpleNamespace(dir=str(run), steps=100))
+    assert r["final_loss"] == 2.5
+    assert (r["tokens"], r["bytes_per_token"], r["utilisation"], r["learner_seconds"]) == (1000, 0.0, 1.0, 12.0)
+    assert r["curve"] == [dict(step=50, tokens=500, loss=3.0), dict(step=100, tokens=1000, loss=2.5)]
+    # The budget was 200 steps: no eval at the last step, no final loss.
+    assert quality.standalone_result(types.SimpleNamespace(dir=str(run), steps=200))["final_loss"] is None
+
+
+def test_mean_curve_over_seeds_on_the_range_all_cover():
+    a = [dict(step=0, loss=4.0), dict(step=10, loss=2.0)]
+    b = [dict(step=2, loss=3.0), dict(step=12, loss=1.0)]
+    xs, ys = quality.mean_curve([a, b], "step", points=5)
+    assert xs == pytest.approx([2, 4, 6, 8, 10])
+    # At 2: a = 3.6, b = 3.0; at 6: 2.8 and 2.2; at 10: 2.0 and 1.4.
+    assert [ys[0], ys[2], ys[4]] == pytest.approx([3.3, 2.5, 1.7])
+
+
+def test_eval_every_divides_the_steps_near_a_tenth():
+    assert quality.eval_every(800) == 80
+    assert quality.eval_every(100) == 10
+    assert quality.eval_every(7) == 1
+
+
+def test_plan_runs_the_homogeneous_reference_before_the_half_speed_row(tmp_path):
+    args = types.SimpleNamespace(m=[2, 4], seeds=[1, 2], steps=100, rows="half speed", quick=False, out=str(tmp_path),
+                                 set=["model.layers=1"], decoupled_set=["merger.grace_tau=3"], unset=[],
+                                 config="tiny.toml", bin_dir="/bin")
+    reference, half_speed = quality.plan(args)
+    # Only at M = 4, one seed (not a headline row), its reference inserted just before it.
+    assert (reference.name, reference.m, reference.seed) == (DECOUPLED, 4, 1)
+    assert (half_speed.name, half_speed.m, half_speed.seed) == ("Decoupled, one learner at half speed", 4, 1)
+    assert half_speed.reference is reference
+    # Its step budget is far away (the time budget stops it); its schedule is S steps.
+    assert (half_speed.steps, half_speed.schedule_steps) == (1000, 100)
+    assert half_speed.overrides[:2] == quality.CLUSTER_COMMON
+    assert half_speed.overrides[-4:] == ["merger.grace_tau=3", "train.total_steps=100", "run.seed=1", "model.layers=1"]
+    command = half_speed.command()
+    assert command[1:3] == ["-m", "decoupled_diloco.tools.run_local"]
+    assert command[command.index("--speed-factors") + 1] == "1,1,1,2"

@@ -1,0 +1,75 @@
+"""bench/wan's measurements of a run folder written here by hand: the time to a target loss (from the
+first start and from the moment training began), bytes per token both ways, utilisation and
+staleness. Expected values are worked out by hand in the comments."""
+import pytest
+
+from decoupled_diloco.tools import bench_wan
+
+
+@pytest.fixture
+def run_dir(tmp_path, at, write_jsonl):
+    def event(name, seconds, **fields):
+        return {"event": name, "t": seconds, "time_us": at(seconds), **fields}
+
+    write_jsonl(str(tmp_path / "learner-0" / "metrics.jsonl"), [
+        event("start", 0),
+        # Its first logged step at 5 s after 2 s of compute and 0.5 s of waiting: training began at 2.5 s.
+        event("step", 5, step=10, compute_seconds=2.0, wait_seconds=0.5),
+        event("stop", 25, tokens=1000, compute_seconds=12.0, wait_seconds=1.0),
+        event("shutdown", 25.5, bytes_sent=2000, bytes_received=3000, kafka_sent=500, kafka_received=700),
+    ])
+    write_jsonl(str(tmp_path / "learner-1" / "metrics.jsonl"), [
+        event("start", 1),
+        event("step", 4, step=10, compute_seconds=1.0),  # began at 3 s
+        event("stop", 24, tokens=1000, compute_seconds=15.0, wait_seconds=2.0),
+        event("shutdown", 24.5, bytes_sent=1000, bytes_received=2000, kafka_sent=300, kafka_received=500),
+    ])
+    write_jsonl(str(tmp_path / "eval" / "metrics.jsonl"), [
+        event("global_eval", 10, eval_loss=2.6), event("global_eval", 15, eval_loss=2.29),
+        event("global_eval", 20, eval_loss=2.35),
+    ])
+    write_jsonl(str(tmp_path / "merger-0" / "metrics.jsonl"), [
+        event("merge", 8, inputs=[{"staleness": 0}, {"staleness": 2}]),
+        event("merge", 12, inputs=[{"staleness": 1}]),
+    ])
+    return str(tmp_path)
+
+
+def test_time_to_target(run_dir):
+    m = bench_wan.measure(run_dir, 2.3)
+    # 2.29 at 15 s is the first evaluation at or below 2.3; the first start was at 0 s, training
+    # began at 2.5 s (learner-0: 5 - 2 - 0.5).
+    assert (m["seconds_to_target"], m["training_seconds_to_target"], m["startup_seconds"]) == (15.0, 12.5, 2.5)
+    assert (m["final_loss"], m["best_loss"]) == (2.35, 2.29)
+    assert m["curve"] == [[10.0, 2.6], [15.0, 2.29], [20.0, 2.35]]
+
+
+def test_a_target_not_reached(run_dir):
+    m = bench_wan.measure(run_dir, 2.0)
+    assert (m["seconds_to_target"], m["training_seconds_to_target"]) == (None, None)
+
+
+def test_bytes_per_token_and_utilisation(run_dir):
+    m = bench_wan.measure(run_dir, 2.3)
+    assert (m["tokens"], m["bytes_up"], m["bytes_down"]) == (2000, 3000, 5000)
+    # 3,000 / 2,000 up, 5,000 / 2,000 down; the sockets: (800 + 1,200) of Kafka + 5,000 received.
+    assert (m["bytes_per_token_up"], m["bytes_per_token_down"], m["socket_bytes_per_token"]) == (1.5, 2.5, 3.5)
+    # Compute from the first logged step to the stop: (12 - 2) + (15 - 1) = 24 s over (25 - 5) +
+    # (24 - 4) = 40 s of wall time; waiting 1 + 2 s.
+    assert (m["compute_seconds"], m["training_wall_seconds"], m["utilisation"], m["wait_seconds"]) == (24.0, 40.0, 0.6, 3.0)
+
+
+def test_staleness_and_inputs_per_merge(run_dir):
+    m = bench_wan.measure(run_dir, 2.3)
+    assert (m["merges"], m["inputs_per_merge"], m["staleness_mean"], m["staleness_max"]) == (2, 1.5, 1.0, 2)
+
+
+def test_no_learner_started(tmp_path):
+    assert bench_wan.measure(str(tmp_path), 2.3) == {"error": "no learner started"}
+
+
+def test_each_mode_runs_the_overrides_of_its_quality_row():
+    # Synchronous DiLoCo waits for both learners: the row's "{M}" becomes 2.
+    assert "merger.quorum=2" in bench_wan.overrides_of("sync")
+    assert "diloco.H=1" in bench_wan.overrides_of("perstep")
+    assert "codec.topk=96" in bench_wan.overrides_of("sparse")
