@@ -33,7 +33,8 @@ int64_t numel(const std::vector<int64_t>& shape) {
 
 void save_safetensors(const std::filesystem::path& path, const std::vector<NamedTensor>& tensors,
                       const std::map<std::string, std::string>& metadata) {
-  nlohmann::json header = nlohmann::json::object();
+  // In the order given (ordered_json): readers that keep header order see the model's order.
+  nlohmann::ordered_json header = nlohmann::ordered_json::object();
   if (!metadata.empty()) header["__metadata__"] = metadata;
   std::set<std::string> names;
   uint64_t offset = 0;

@@ -22,7 +22,7 @@ struct NamedTensor {
   std::vector<float> values;
 };
 
-// Writes the tensors (fp32, in the order given) atomically: a temporary file, then a rename, so a
+// Writes the tensors (fp32, in the order given, in the header as in the data) atomically: a temporary file, then a rename, so a
 // reader never sees half a file and a crash leaves the previous file. Throws IoError naming the
 // file, InvalidInput for a name given twice or values that do not match a shape.
 void save_safetensors(const std::filesystem::path& path, const std::vector<NamedTensor>& tensors,
