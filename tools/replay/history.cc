@@ -199,6 +199,15 @@ void rebuild(const ReplayRun& run, const RebuildOptions& o, std::ostream& out) {
   out << "wrote " << o.out.string() << "\n";
 }
 
+std::vector<FragmentState> rebuild_states(const ReplayRun& run, uint64_t version) {
+  std::vector<FragmentState> states;
+  for (const auto& [p, f] : read_histories(run, StartAt{.at_most = version}, warn_rejected)) {
+    if (f.start.run_id.empty()) throw InvalidInput("fragment " + std::to_string(p) + " has no version 0 yet");
+    states.push_back(rebuild_fragment(run, f, std::min(version, f.latest_version)));
+  }
+  return states;
+}
+
 VerifyReport verify(const ReplayRun& run, std::ostream& progress) {
   VerifyReport report;
   auto rejected = [&](const LogPosition& p, const std::string& why) {

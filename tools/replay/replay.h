@@ -143,6 +143,10 @@ struct RebuildOptions {
 // InvalidInput when the version does not exist.
 void rebuild(const ReplayRun& run, const RebuildOptions& options, std::ostream& out);
 
+// Every fragment's state at min(version, its newest), rebuilt as rebuild() does (UINT64_MAX: the
+// newest of each). Throws InvalidInput when a fragment has no version 0 yet.
+std::vector<FragmentState> rebuild_states(const ReplayRun& run, uint64_t version);
+
 struct VerifyReport {
   size_t fragments = 0;
   size_t versions = 0;     // merge records applied and checked
