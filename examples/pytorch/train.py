@@ -273,6 +273,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"learner {args.id}: stopped before the run began", file=sys.stderr)
         return 0
+    except dd.DilocoError as e:  # another model in the run, a learner id in use, no broker, ...
+        print(f"train.py: error: {e}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -204,15 +204,17 @@ class Session:
         (``diloco.wait_steps >= 0``) it waits for the merges due, as synchronous DiLoCo does.
 
         Args:
-            tokens: tokens (or samples) this step trained on: a delta's weight counts them.
+            tokens: tokens (or samples) this step trained on, at least 1: a delta's weight counts
+                them, so learners with bigger batches weigh more.
             loss: the step's training loss, for metrics and heartbeats (a float; a tensor is
                 converted with ``float()``, which waits for the device).
         """
         runtime = self._live("step")
         if self._mode != "train":
             raise InvalidInputError("step() on an eval session: call poll() to follow the global versions")
-        if not isinstance(tokens, int) or isinstance(tokens, bool) or tokens < 0:
-            raise InvalidInputError(f"tokens must be a non-negative int, not {tokens!r}")
+        if not isinstance(tokens, int) or isinstance(tokens, bool) or tokens < 1:
+            raise InvalidInputError(f"tokens must be a positive int (the tokens or samples the step trained on), "
+                                    f"not {tokens!r}")
         runtime.step(tokens, None if loss is None else float(loss), None)
 
     def poll(self) -> int:
@@ -263,7 +265,10 @@ class Session:
         if not isinstance(state, Mapping) or state.get("format") != _STATE_FORMAT:
             raise InvalidInputError(f"not a Session.state_dict() (format {state.get('format') if isinstance(state, Mapping) else type(state).__name__!r}, "
                                     f"expected {_STATE_FORMAT!r})")
-        runtime.load_state(bytes(state["state"]))
+        saved = state.get("state")
+        if not isinstance(saved, (bytes, bytearray, memoryview)):
+            raise InvalidInputError(f"not a Session.state_dict(): its 'state' is {type(saved).__name__}, not bytes")
+        runtime.load_state(bytes(saved))
 
     @contextlib.contextmanager
     def wrap_optimizer(self, optimizer: Any, tokens_per_step: int) -> Iterator[Any]:

@@ -121,6 +121,17 @@ class Runtime {
     runtime_ = std::make_unique<LearnerRuntime>(std::move(o), std::move(tensors), std::move(sync));
   }
 
+  // A session dropped without close() flushes its deltas here (up to shutdown_flush): without
+  // the GIL, so other Python threads go on meanwhile.
+  ~Runtime() {
+    if (nb::is_alive()) {
+      nb::gil_scoped_release release;
+      runtime_.reset();
+    }
+  }
+  Runtime(const Runtime&) = delete;
+  Runtime& operator=(const Runtime&) = delete;
+
   bool start() {
     bool ok;
     {
