@@ -7,12 +7,14 @@
 #                             [--H "8 default 8/nomerger"] [--skip 50] [--keep] [--keep-topics] [--pin]
 #
 # For every case in --H (an H value, "default" = the config's value; "/nomerger": stop the merger
-# once it has written genesis, so the deltas wait in Kafka and nothing is merged or adopted: the
+# once version 0 is committed, so the deltas wait in Kafka and nothing is merged or adopted: the
 # learner's own cost of publishing, without the merger's and the broker's transaction work on the
 # same two cores) it creates a fresh run (topics on the running broker, region r0, 4 partitions),
-# starts one merger and waits for its genesis, then runs --pairs pairs of learners: publish then
-# no-publish, and the reverse order in the next pair. Each learner runs --steps inner steps with held-out evaluation off (train.eval_every=0) and logs a step event
-# every 10 steps. Step rate = (last logged step - first logged step >= --skip) / (wall time between
+# starts one merger, then runs --pairs pairs of learners: publish then no-publish, and the reverse
+# order in the next pair. The first learner proposes the run's version 0 and waits for the merger
+# to commit it before its first step; with /nomerger a --no-publish learner of one step does that
+# before the merger stops. Each learner runs --steps inner steps with held-out evaluation off
+# (train.eval_every=0) and logs a step event every 10 steps. Step rate = (last logged step - first logged step >= --skip) / (wall time between
 # those two events), from the learner's metrics.jsonl. Prints every run, then per H the ratio
 # publish / no-publish of each pair and their mean, min and max.
 #
@@ -41,7 +43,7 @@ while [[ $# -gt 0 ]]; do
     --keep) keep=1; shift ;;
     --keep-topics) keep_topics=1; shift ;;
     --pin) pin=1; shift ;;
-    -h|--help) sed -n "2,28p" "$0"; exit 0 ;;
+    -h|--help) sed -n "2,29p" "$0"; exit 0 ;;
     *) echo "unknown option $1" >&2; exit 2 ;;
   esac
 done
@@ -89,9 +91,9 @@ while True:
     out.flush()
     time.sleep(0.1)
 PY
-broker_pid="$(cat "$ROOT/.run/broker/node-1/pid" 2>/dev/null || echo 0)"
+broker_pid="$(cat "${DILOCO_BROKER_DIR:-$ROOT/.run/broker}/node-1/pid" 2>/dev/null || echo 0)"
 if ((pin)); then
-  ((broker_pid > 0)) || { echo "--pin needs the broker's pid in .run/broker/node-1/pid" >&2; exit 1; }
+  ((broker_pid > 0)) || { echo "--pin needs the broker's pid in \${DILOCO_BROKER_DIR:-.run/broker}/node-1/pid" >&2; exit 1; }
   broker_mask="$(taskset -p "$broker_pid" | awk '{print $NF}')"
   taskset -a -p -c 1 "$broker_pid" >/dev/null
   pin_learner=(taskset -c 0) pin_merger=(taskset -c 1)
@@ -114,14 +116,14 @@ for case_ in $hs; do
     >"$OUT/$run-M0.log" 2>&1 &
   merger=$!
   PIDS+=("$merger")
-  # Genesis: version 0 of every fragment committed to the state topic before any learner starts.
-  for _ in $(seq 1 600); do
-    fragments="$(grep -o '"fragments":[0-9]*' "$OUT/$run/M0/metrics.jsonl" 2>/dev/null | head -1 | cut -d: -f2 || true)"
-    [[ -n "$fragments" && "$(count_events "$OUT/$run/M0/metrics.jsonl" genesis)" -ge "$fragments" ]] && break
-    kill -0 "$merger" 2>/dev/null || { cat "$OUT/$run-M0.log" >&2; exit 1; }
-    sleep 0.1
-  done
-  if ((!merger_on)); then stop_pid "$merger"; merger=0; fi
+  if ((!merger_on)); then
+    # A learner proposes version 0 and waits until the merger committed it; with no merger after
+    # that, no learner of this case could start otherwise.
+    "$BIN/diloco-learner" -c "$config" "${sets[@]}" --no-publish --steps 1 --id genesis --region r0 --regions r0 \
+      --bootstrap "$BOOTSTRAP" >"$OUT/$run-genesis.log" 2>&1 || { cat "$OUT/$run-genesis.log" "$OUT/$run-M0.log" >&2; exit 1; }
+    stop_pid "$merger"
+    merger=0
+  fi
   for ((i = 1; i <= pairs; i++)); do
     order=(publish no-publish)
     ((i % 2)) || order=(no-publish publish)

@@ -6,11 +6,12 @@
 #                              [--only throughput|failover] [--cases "1:4 2:4 1:1"]
 #                              [--keep] [--keep-topics]
 #
-# Throughput: a fresh run (region r0, 4 partitions) is pre-filled by bench-produce_deltas with
-# --rounds rounds of --learners fake learners for each of the model's 4 fragments (int4 deltas of
-# the config's real model and layout, see bench/produce_deltas.cc), then the merger(s) start with
-# merger.quorum = --learners and drain the backlog. Every delta is on version 0 from a learner
-# that sends only it (bench-produce_deltas --bases genesis): a backlog whose deltas named the
+# Throughput: a fresh run (region r0, 4 partitions) gets its version 0 (commit_genesis), is
+# pre-filled by bench-produce_deltas with --rounds rounds of --learners fake learners for each of
+# the model's 4 fragments (int4 deltas of the config's real model and layout, see
+# bench/produce_deltas.cc), then the merger(s) start with merger.quorum = --learners, recover
+# version 0 and drain the backlog. Every delta is on version 0 from a learner that sends only it
+# (bench-produce_deltas --bases genesis): a backlog whose deltas named the
 # versions 1, 2, ... would be dropped as "base from the future" by a merger that has not made them
 # yet. A merger that is behind reads on before it merges (MergerTimeouts::catch_up_ms), so a merge
 # takes every pending delta of its fragment: many inputs per merge, not K. The script checks that
@@ -26,9 +27,10 @@
 # instance with quorum 1 (before the catch-up reading this made one transaction per delta; now it
 # too merges what is pending; it drains a third of the rounds). DILOCO_BIN=dir runs the binaries of another build.
 #
-# Failover: 2 instances (--session-timeout-ms from --timeouts, one case each), a steady stream of
-# rounds (one every --pace seconds), both instances merging; then kill -9 of one instance and the
-# time from the kill to the first merge, by the survivor, of a fragment the killed one owned.
+# Failover: 2 instances (--session-timeout-ms from --timeouts, one case each) commit the fake
+# learners' version 0 (--genesis), then a steady stream of rounds (one every --pace seconds), both
+# instances merging; then kill -9 of one instance and the time from the kill to the first merge,
+# by the survivor, of a fragment the killed one owned.
 #
 # Needs a running broker (scripts/broker start) and the build (build/bin/diloco-merger,
 # build/bin/bench-produce_deltas). Never starts or stops the broker; kills every process it started
@@ -51,7 +53,7 @@ while [[ $# -gt 0 ]]; do
     --cases) cases="$2"; shift 2 ;;
     --keep) keep=1; shift ;;
     --keep-topics) keep_topics=1; shift ;;
-    -h|--help) sed -n '2,30p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,37p' "$0"; exit 0 ;;
     *) echo "unknown option $1" >&2; exit 2 ;;
   esac
 done
@@ -79,6 +81,22 @@ start_merger() {  # run id session_timeout quorum -> sets MERGER_PID
   PIDS+=("$MERGER_PID")
 }
 
+# Version 0 of every fragment before the backlog is made: the mergers commit it only from a
+# proposal, and reject deltas of a fragment without one. A merger of its own commits the fake
+# learners' proposal and stops cleanly, so the measured mergers start, as before, on a run at
+# version 0 with a backlog to drain (its metrics stay out of the run's folder and the rates).
+commit_genesis() {  # run id
+  local run="$1" merger
+  "$BIN/diloco-merger" -c "$config" --set "run.id=\"$run\"" --id genesis --bootstrap "$BOOTSTRAP" \
+    --run-dir "$OUT/$run-genesis" >"$OUT/$run-genesis.log" 2>&1 &
+  merger=$!
+  PIDS+=("$merger")
+  "$BIN/bench-produce_deltas" -c "$config" --set "run.id=\"$run\"" --genesis --rounds 0 --region r0 \
+    --bootstrap "$BOOTSTRAP" 2>"$OUT/$run-genesis-producer.log" ||
+    { cat "$OUT/$run-genesis-producer.log" "$OUT/$run-genesis.log" >&2; return 1; }
+  stop_pid "$merger"
+}
+
 merged_inputs() {  # run dir -> total inputs over every merge event of every instance
   { cat "$1"/*/metrics.jsonl 2>/dev/null || true; } | jq -s '[.[] | select(.event == "merge") | .inputs | length] | add // 0'
 }
@@ -94,11 +112,12 @@ throughput_case() {  # instances quorum rounds
   local instances="$1" quorum="$2" rounds="$3" run i
   new_run mt; run="$RUN"
   mkdir -p "$OUT/$run"
+  commit_genesis "$run"
   "$BIN/bench-produce_deltas" -c "$config" --set "run.id=\"$run\"" --learners "$learners" --rounds "$rounds" \
     --region r0 --bootstrap "$BOOTSTRAP" --summary "$OUT/$run/produced.json" 2>"$OUT/$run/producer.log"
   local total; total="$(jq .deltas "$OUT/$run/produced.json")"
   local pids=() load; load="$(cut -d' ' -f1 /proc/loadavg)"
-  local broker_pid broker0; broker_pid="$(cat "$ROOT/.run/broker/node-1/pid" 2>/dev/null || echo 0)"
+  local broker_pid broker0; broker_pid="$(cat "${DILOCO_BROKER_DIR:-$ROOT/.run/broker}/node-1/pid" 2>/dev/null || echo 0)"
   broker0="$(cpu_seconds "$broker_pid")"
   for ((i = 0; i < instances; i++)); do
     start_merger "$run" "M$i" 10000 "$quorum"
@@ -190,7 +209,7 @@ failover_case() {  # session timeout ms
   start_merger "$run" MA "$timeout" "$learners"; local a=$MERGER_PID
   start_merger "$run" MB "$timeout" "$learners"; local b=$MERGER_PID
   "$BIN/bench-produce_deltas" -c "$config" --set "run.id=\"$run\"" --learners "$learners" --rounds 1000000 \
-    --pace "$pace" --region r0 --bootstrap "$BOOTSTRAP" 2>"$OUT/$run/producer.log" &
+    --genesis --pace "$pace" --region r0 --bootstrap "$BOOTSTRAP" 2>"$OUT/$run/producer.log" &
   local producer=$!
   PIDS+=("$producer")
   # Steady state: both instances own 2 partitions and have merged at least 3 times since.

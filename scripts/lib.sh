@@ -22,6 +22,23 @@ need_python() {
   export DILOCO_ROOT
 }
 
+# What a cluster wrapper (scripts/run-local, chaos, wan-sim) runs first unless DILOCO_BIN_DIR names
+# binaries built already: scripts/bootstrap, then the build of the targets before "--" in build/,
+# and of the package's native module too when the wrapper's arguments after "--" ask for Python
+# learners (they join the run through it).
+#   bootstrap_and_build run-local diloco-learner diloco-merger -- "$@"
+bootstrap_and_build() {
+  local tool="$1" targets=()
+  shift
+  while [[ $# -gt 0 && "$1" != -- ]]; do targets+=("$1"); shift; done
+  shift
+  [[ " $* " == *" --python-learners"* ]] && targets+=(_core)
+  "$DILOCO_ROOT/scripts/bootstrap"
+  say "$tool: building"
+  cmake -S "$DILOCO_ROOT" -B "$DILOCO_ROOT/build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+  cmake --build "$DILOCO_ROOT/build" -j "$(nproc)" --target "${targets[@]}" >/dev/null
+}
+
 # Prints the directory holding the broker's jars: $KAFKA_HOME/libs for an official distribution,
 # otherwise the Maven-fetched cache. Fails with a way out when neither exists.
 kafka_lib_dir() {

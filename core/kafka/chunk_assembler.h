@@ -57,6 +57,9 @@ class ChunkAssembler {
   std::vector<ChunkProblem> finish();
   // Forgets everything (a consumer rewound or reassigned).
   void clear() { open_.clear(); }
+  // New bounds for the pieces that arrive from now on (a reader that learns the run's layout
+  // tightens its bound on a whole message); messages being put together are kept.
+  void set_limits(DecodeLimits limits) { limits_ = std::move(limits); }
 
   // First-piece positions of the incomplete messages: a consumer offset must not be committed
   // past them, or a restart would read only their tails.

@@ -69,10 +69,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--export", default="", help="write the model as safetensors at stop (--eval-only: "
                                                 "the global model, refreshed after every evaluation)")
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default %(default)s)")
+    p.add_argument("--speed-factor", type=float, default=1.0,
+                   help="slow every step by this factor (2 = half speed) to emulate older hardware (default %(default)s)")
     p.add_argument("--eval-every", type=int, default=None,
                    help="inner steps between held-out evaluations (default: train.eval_every; 0: none)")
     p.add_argument("--log-every", type=int, default=100, help="inner steps between progress lines (default %(default)s)")
     args = p.parse_args(argv)
+    if not 1.0 <= args.speed_factor <= 1000.0:
+        p.error(f"--speed-factor {args.speed_factor} must be in [1, 1000]")
     if not 0 <= args.index < args.learners:
         p.error(f"--index {args.index} must be in [0, --learners {args.learners})")
     args.deadline = time.monotonic() + args.max_seconds if args.max_seconds > 0 else math.inf
@@ -192,6 +196,8 @@ def train(args: argparse.Namespace, config: dict, model: nn.Module, corpus: Corp
         optimizer.zero_grad()
         step += 1
         loss_value = loss.item()
+        if args.speed_factor > 1:
+            time.sleep((time.perf_counter() - started) * (args.speed_factor - 1))
         if session:
             session.step(tokens=inputs.numel(), loss=loss_value)
 
@@ -266,7 +272,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with dd.Session(args.config, model.named_parameters(), learner_id=args.id, region=args.region,
                         bootstrap=args.bootstrap, overrides=args.set, run_dir=args.run_dir or None,
-                        mode="eval" if args.eval_only else "train",
+                        mode="eval" if args.eval_only else "train", index=args.index, learners=args.learners,
                         total_steps=None if args.eval_only else args.steps or config["train"]["total_steps"]) as session:
             run = evaluate_global if args.eval_only else train
             return run(args, config, model, corpus, session)

@@ -22,7 +22,7 @@ check_no_leftovers() {
 check_folder() {
   local dir="$1" fragments="$2"
   for f in config.toml run.json merger-0/metrics.jsonl eval/metrics.jsonl learner-0/metrics.jsonl learner-1/metrics.jsonl \
-           learner-2/metrics.jsonl final_model.pt report/index.html report/index.md report/heldout_loss_tokens.png; do
+           learner-2/metrics.jsonl final_model.safetensors report/index.html report/index.md report/heldout_loss_tokens.png; do
     [[ -s "$dir/$f" ]] || fail "$dir/$f is missing or empty"
   done
   # At least one merged version per fragment, from the mergers' own logs.
@@ -90,7 +90,7 @@ PY
 "$DILOCO_BIN_DIR/diloco-status" --run "$run_id" | grep -q "^learner-1 " || fail "the status table does not list learner-1"
 if "$DILOCO_BIN_DIR/diloco-status" --run "no-such-run-$$" >"$tmp/missing.out" 2>&1; then fail "a missing run exited 0"; fi
 grep -q "has no topics" "$tmp/missing.out" || { cat "$tmp/missing.out"; fail "a missing run is not named"; }
-if "$DILOCO_BIN_DIR/diloco-sample" "$tmp/no-model.pt" >"$tmp/sample.out" 2>&1; then fail "diloco-sample on a missing file exited 0"; fi
+if "$DILOCO_BIN_DIR/diloco-sample" "$tmp/no-model.safetensors" >"$tmp/sample.out" 2>&1; then fail "diloco-sample on a missing file exited 0"; fi
 grep -q "no model file" "$tmp/sample.out" || { cat "$tmp/sample.out"; fail "diloco-sample does not name the missing file"; }
 pass "diloco-status shows the run's members and lag; missing runs and model files are clear errors"
 
@@ -135,3 +135,57 @@ fi
 grep -q "train.batch must be at least 1" "$tmp/bad.out" || { cat "$tmp/bad.out"; fail "the config error is not shown"; }
 check_no_leftovers "$tmp/bad"
 pass "a bad config is refused before any process starts"
+
+# 5. Python learners: a combination that cannot run is refused before anything starts, with the
+# reason; --print-config shows which learners run examples/pytorch/train.py, and starts nothing.
+if "$root/scripts/run-local" configs/tiny.toml --python-learners 2 --python-model conv --run-dir "$tmp/conv" \
+     </dev/null >"$tmp/conv.out" 2>&1; then
+  fail "run-local accepted the conv model beside diloco-learner"
+fi
+grep -q "conv needs every learner in Python" "$tmp/conv.out" || { cat "$tmp/conv.out"; fail "the conv refusal is not explained"; }
+[[ ! -e "$tmp/conv" ]] || fail "a refused run made its folder"
+"$root/scripts/run-local" configs/tiny.toml --python-learners 1 --print-config --run-dir "$tmp/printed" \
+  </dev/null >"$tmp/printed.json" 2>"$tmp/printed.err" || { cat "$tmp/printed.err"; fail "--print-config failed"; }
+/usr/bin/python3 - "$tmp/printed.json" <<'PY' || fail "--print-config does not show the Python learner"
+import json, shlex, sys
+c = json.load(open(sys.argv[1]))
+argvs = {name: shlex.split(command) for name, command in c["processes"].items()}
+programs = {name: argv[1] if argv[1].endswith("train.py") else argv[0] for name, argv in argvs.items()}
+want = {"merger-0": "diloco-merger", "learner-0": "diloco-learner", "learner-1": "diloco-learner",
+        "learner-2": "train.py", "eval": "diloco-learner"}
+ok = {n: p.endswith(want[n]) for n, p in programs.items()} == {n: True for n in want}
+if not ok or c["python_learners"] != ["learner-2"] or c["python_model"] != "builtin":
+    print(json.dumps(c, indent=1), file=sys.stderr)
+    sys.exit(1)
+PY
+[[ ! -e "$tmp/printed" ]] || fail "--print-config made the run folder"
+pass "impossible Python learners are refused; --print-config shows the cluster and starts nothing"
+
+# 6. The conv model: every learner and the evaluator are examples/pytorch/train.py. They stop in
+# order like diloco-learner, their metrics feed the report, and no text sample is attempted.
+run="$tmp/conv-run"
+"$root/scripts/run-local" configs/tiny.toml --learners 2 --python-learners 2 --python-model conv --steps 60 \
+  --run-dir "$run" </dev/null >"$tmp/conv-run.out" 2>&1 || { cat "$tmp/conv-run.out"; fail "run-local with the conv model failed"; }
+for f in learner-0/metrics.jsonl learner-1/metrics.jsonl eval/metrics.jsonl final_model.safetensors report/index.html; do
+  [[ -s "$run/$f" ]] || fail "$run/$f is missing or empty"
+done
+[[ ! -e "$run/sample.txt" ]] || fail "a text sample of the conv model was attempted"
+grep -q "no text sample: diloco-sample runs the built-in model" "$tmp/conv-run.out" || { cat "$tmp/conv-run.out"; fail "the missing sample is not explained"; }
+/usr/bin/python3 - "$run" <<'PY' || fail "the Python learners' run is incomplete"
+import glob, json, sys
+run = sys.argv[1]
+info = json.load(open(f"{run}/run.json"))
+events = {name: [json.loads(l) for l in open(f"{run}/{name}/metrics.jsonl")] for name in ("learner-0", "learner-1", "eval")}
+merged = {i["learner"] for e in (json.loads(l) for l in open(f"{run}/merger-0/metrics.jsonl")) if e["event"] == "merge"
+          for i in e["inputs"]}
+problems = [f"exit codes {info['exit_codes']}"] if any(info["exit_codes"].values()) else []
+problems += [f"{n} is not a Python learner" for n in ("learner-0", "learner-1") if events[n][0].get("client") != "python"]
+problems += [f"{n} has no stop event" for n in ("learner-0", "learner-1") if not any(e["event"] == "stop" for e in events[n])]
+problems += ["no global evaluation"] if not any(e["event"] == "global_eval" for e in events["eval"]) else []
+problems += [f"no delta of {n} merged" for n in ("learner-0", "learner-1") if n not in merged]
+if problems:
+    print("; ".join(problems), file=sys.stderr)
+    sys.exit(1)
+PY
+check_no_leftovers "$run"
+pass "the conv model runs with every learner and the evaluator in Python"

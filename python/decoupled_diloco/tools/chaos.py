@@ -480,6 +480,7 @@ def parse_args(argv=None):
     p.add_argument("--no-report", action="store_true", help="skip the text sample and the report")
     p.add_argument("--dry-run", action="store_true", help="print the schedule and exit")
     p.add_argument("--bin-dir", help="where the diloco binaries are (default: build/bin or $DILOCO_BIN_DIR)")
+    run_local.add_python_learner_args(p)
     args = p.parse_args(argv)
     if args.seconds <= args.warmup + args.cooldown:
         p.error("--seconds must be above --warmup + --cooldown")

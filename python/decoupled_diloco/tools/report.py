@@ -113,7 +113,7 @@ class Run:
         self.logs = [n for n in names if n.endswith(".log") and os.path.isfile(os.path.join(run_dir, n))]
         self.config_text = self._read_text("config.toml")
         self.sample = self._read_text("sample.txt")
-        model = os.path.join(run_dir, "final_model.pt")
+        model = os.path.join(run_dir, "final_model.safetensors")
         self.final_model_bytes = os.path.getsize(model) if os.path.isfile(model) else None
 
         times = [number(r, "time_us") for p in self.processes() for r in p.records]
@@ -228,6 +228,8 @@ class LearnerStats:
         recs = p.records
         start = p.last("start") or {}
         self.region = start.get("region") if isinstance(start.get("region"), str) else "?"
+        # Which program ran it: diloco-learner, or "python" (a decoupled_diloco.Session).
+        self.client = start.get("client") if isinstance(start.get("client"), str) else None
         self.starts = len(p.events("start"))
         parameters = start.get("parameters")
         self.parameters = parameters if isinstance(parameters, int) and parameters > 0 else None
@@ -321,11 +323,21 @@ class MergeStats:
         self.held_at_stop = sum(int(number(r, "held") or 0) for p in mergers for r in p.events("stop_record"))
         self.rejected = collections.Counter(r["reason"] if isinstance(r.get("reason"), str) else "unknown"
                                             for p in mergers for r in p.events("rejected"))
+        # Every learner that finds no version 0 proposes one and the first proposal of a fragment
+        # wins: the others are rejected as genesis_exists, which is how a run starts, not a fault.
+        self.later_proposals = self.rejected.pop("genesis_exists", 0)
+        self.genesis = {}  # fragment -> the learner whose proposal is its version 0
         self.merge_failed = sum(len(p.events("merge_failed")) for p in mergers)
         self.fenced = sum(len(p.events("fenced")) for p in mergers)
-        # Version of each fragment over time: recoveries give the starting point, merges the steps.
+        # Version of each fragment over time: version 0 committed from a learner's proposal, or a
+        # recovery, gives the starting point, merges the steps.
         self.timeline = collections.defaultdict(list)
         for p in mergers:
+            for r in p.events("genesis"):
+                fragment, t = number(r, "fragment"), number(r, "time_us")
+                if None not in (fragment, t):
+                    self.timeline[int(fragment)].append((t, 0))
+                    self.genesis[int(fragment)] = str(r.get("learner", "?"))
             for r in p.events("recovered"):
                 fragment, version, t = number(r, "fragment"), number(r, "version"), number(r, "time_us")
                 if None not in (fragment, version, t):
@@ -378,6 +390,12 @@ def duration(seconds):
     minutes, s = divmod(int(round(seconds)), 60)
     hours, minutes = divmod(minutes, 60)
     return f"{hours} h {minutes:02d} min {s:02d} s" if hours else f"{minutes} min {s:02d} s"
+
+
+def learner_text(s):
+    """A learner as the headline names it: its region, and the client when it is not diloco-learner."""
+    client = f", {s.client}" if s.client and s.client != "diloco-learner" else ""
+    return f"{s.name} in {s.region}{client}"
 
 
 def counter_text(counter):
@@ -531,7 +549,7 @@ def plot_staleness(plotter, merges):
 def plot_versions(run, plotter, merges):
     name, title = "fragment_versions.png", "Global version of each fragment"
     if not merges.timeline:
-        plotter.empty(name, title, "no merge or recovered events in merger-*/metrics.jsonl")
+        plotter.empty(name, title, "no merge, genesis or recovered events in merger-*/metrics.jsonl")
         return
     at, xlabel = clock(run)
     fig, ax = plotter.figure(title, xlabel, "version")
@@ -684,13 +702,20 @@ def build_page(run, out_dir, learners, merges, evals, total_tokens, notes):
     rows.append(("Tokens trained (all learners)", count(sum(s.tokens for s in learners))))
     rows.append(("Inner steps (all learners)", count(sum(s.steps for s in learners))))
     rows.append(("Wall time", duration(run.seconds(run.t_end) if run.t0 is not None else None)))
-    rows.append(("Learners", f"{len(learners)}" + (f" ({', '.join(f'{s.name} in {s.region}' for s in learners)})"
+    rows.append(("Learners", f"{len(learners)}" + (f" ({', '.join(learner_text(s) for s in learners)})"
                                                    if learners else "")))
     rows.append(("Mergers", count(len(run.mergers))))
     rows.append(("Merges", count(len(merges.merges))))
     rows.append(("Deltas merged", count(sum(merges.inputs_by_learner.values()))))
     rows.append(("Deltas dropped by reason", counter_text(merges.dropped)))
     rows.append(("Deltas held when a merger stopped", count(merges.held_at_stop)))
+    if merges.genesis:
+        proposers = collections.defaultdict(list)
+        for fragment, learner in sorted(merges.genesis.items()):
+            proposers[learner].append(str(fragment))
+        rows.append(("Version 0 proposed by", "; ".join(f"{learner} (fragments {', '.join(fragments)})"
+                                                        for learner, fragments in proposers.items()) +
+                     f"; {count(merges.later_proposals)} later proposal(s) not needed"))
     if merges.rejected:
         rows.append(("Messages rejected by reason", counter_text(merges.rejected)))
     total_wire = sum(s.wire_bytes for s in learners)
@@ -780,7 +805,7 @@ def build_page(run, out_dir, learners, merges, evals, total_tokens, notes):
         blocks.append(("h2", "Sample from the final model"))
         blocks.append(("pre", run.sample))
     if run.final_model_bytes is not None:
-        blocks.append(("p", f"Final model: `final_model.pt`, {size(run.final_model_bytes)}."))
+        blocks.append(("p", f"Final model: `final_model.safetensors`, {size(run.final_model_bytes)}."))
 
     blocks.append(("h2", "Configuration"))
     sources = sorted({p.last("start").get("config") for p in run.learners + ([run.eval] if run.eval else [])

@@ -1,18 +1,21 @@
 """The main job's launcher (scripts/run-local; installed as diloco-run-local).
 
 Starts a local multi-region cluster on a running broker: M mergers, N learners spread over R
-regions (each with its own speed factor) and one --eval-only learner that measures the global
-model; shows a live view (a table refreshed every second on a terminal, one summary line every
-few seconds otherwise); stops at the step, token or time budget or on Ctrl-C in an order that
-loses nothing (learners, then the mergers' last merges, then the evaluator's final export, then
-the mergers); then samples text from the final model and writes the report.
+regions (each with its own speed factor; the last of them may be Python learners,
+examples/pytorch/train.py, instead of diloco-learner) and one --eval-only learner that measures
+the global model; shows a live view (a table refreshed every second on a terminal, one summary
+line every few seconds otherwise); stops at the step, token or time budget or on Ctrl-C in an
+order that loses nothing (learners, then the mergers' last merges, then the evaluator's final
+export, then the mergers); then samples text from the final model and writes the report.
 """
 
 import argparse
 import glob
+import importlib.util
 import json
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -78,6 +81,23 @@ def cluster_shape(config, args):
     if learners < 1 or mergers < 1 or not all(regions):
         fail("need at least one learner, one merger and non-empty region names")
     return learners, regions, mergers, speed, float(cluster["eval_interval"])
+
+
+# The Python learner: a plain PyTorch loop joined to the run through decoupled_diloco.Session.
+TRAIN_PY = os.path.join("examples", "pytorch", "train.py")
+
+
+def check_python_learners(learners, python_learners, python_model):
+    """Fails with the reason when the last `python_learners` of `learners` cannot run train.py
+    with `python_model` beside diloco-learner."""
+    if not 0 <= python_learners <= learners:
+        fail(f"--python-learners {python_learners}: the cluster has {learners} learner(s) "
+             f"(--python-learners must be between 0 and {learners})")
+    if python_model == "conv" and python_learners != learners:
+        fewer = f" or --learners {python_learners}" if python_learners else ""
+        fail(f"--python-model conv needs every learner in Python (--python-learners {learners}{fewer}, not "
+             f"{python_learners} of {learners}): diloco-learner trains the built-in transformer, and all learners "
+             "of a run train one model")
 
 
 # ---- processes ----------------------------------------------------------------------------------
@@ -330,6 +350,10 @@ def parse_args(argv=None):
                     "global model) on the local Kafka broker, shows its progress, stops at the budget or on "
                     "Ctrl-C, and leaves logs, metrics, the final model, a text sample and a report in the run folder.")
     add_cluster_args(p)
+    p.add_argument("--print-config", action="store_true",
+                   help="print the cluster as JSON and exit, starting nothing: its shape (learners, regions, "
+                        "mergers, which learners run Python and which model), budget and every process's "
+                        "command line")
     args = p.parse_args(argv)
     args.bin_dir = args.bin_dir or repository.default_bin_dir()
     return args
@@ -352,6 +376,21 @@ def add_cluster_args(p):
     p.add_argument("--no-report", action="store_true", help="skip the text sample and the report at the end")
     p.add_argument("--bin-dir",
                    help="where diloco-learner and diloco-merger are (default: build/bin or $DILOCO_BIN_DIR)")
+    add_python_learner_args(p)
+
+
+def add_python_learner_args(p):
+    """The options that make learners Python ones (scripts/run-local, scripts/wan-sim, scripts/chaos)."""
+    p.add_argument("--python-learners", type=int, default=0, metavar="N",
+                   help=f"the last N learners run {TRAIN_PY} (a PyTorch loop joined through "
+                        "decoupled_diloco.Session) with the project's Python instead of diloco-learner, with the "
+                        "same id, region, shard, budget and run folder (default 0); their speed factor must be 1")
+    p.add_argument("--python-model", choices=("builtin", "conv"), default="builtin",
+                   help="the Python learners' model: builtin, diloco-learner's transformer in PyTorch (shares a run "
+                        "with diloco-learner; the default), or conv, a convolutional model of its own: every learner "
+                        "must then be Python (--python-learners = learners), the evaluator is "
+                        f"{TRAIN_PY} --eval-only --model conv, and there is no text sample (diloco-sample runs the "
+                        "built-in model)")
 
 
 class Cluster:
@@ -361,27 +400,48 @@ class Cluster:
     launcher itself must leave nothing behind)."""
 
     def __init__(self, config_path, overrides, learners, regions, mergers, speed, eval_interval, steps,
-                 max_seconds, run_dir, bin_dir, run_id, tokens_per_step, fragments):
+                 max_seconds, run_dir, bin_dir, run_id, tokens_per_step, fragments, python_learners=0,
+                 python_model="builtin"):
         self.config_path, self.overrides = config_path, overrides
         self.learners, self.regions, self.mergers = learners, regions, mergers
         self.speed, self.eval_interval, self.steps, self.max_seconds = speed, eval_interval, steps, max_seconds
         self.run_dir, self.bin_dir, self.run_id = run_dir, bin_dir, run_id
         self.fragments = fragments
+        self.python_learners, self.python_model = python_learners, python_model
         self.merger_names = [f"merger-{m}" for m in range(mergers)]
         self.learner_names = [f"learner-{i}" for i in range(learners)]
         self.children = {}  # name -> the Child of its newest process
         self.started_broker = False
         self.start_time = None
-        self.final_model = os.path.join(run_dir, "final_model.pt")
-        os.makedirs(run_dir, exist_ok=True)
-        write_run_config(config_path, overrides, run_id, os.path.join(run_dir, "config.toml"))
+        self.servers = None  # the broker's address, from prepare_broker()
+        self.final_model = os.path.join(run_dir, "final_model.safetensors")
         self.info = {"run_id": run_id, "config": os.path.relpath(config_path, repository.root()),
                      "overrides": overrides,
                      "learners": learners, "regions": regions, "mergers": mergers,
                      "speed_factors": [self.speed_of(i) for i in range(learners)],
                      "learner_regions": {self.learner_names[i]: self.region_of(i) for i in range(learners)},
+                     "python_learners": [n for i, n in enumerate(self.learner_names) if self.runs_python(i)],
+                     "python_model": python_model if python_learners else None,
                      "steps_per_learner": steps, "tokens_per_step": tokens_per_step,
                      "max_seconds": max_seconds, "start_time": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+
+    def create_folder(self):
+        """The run folder, with the run's config.toml."""
+        os.makedirs(self.run_dir, exist_ok=True)
+        write_run_config(self.config_path, self.overrides, self.run_id, os.path.join(self.run_dir, "config.toml"))
+
+    def runs_python(self, i):
+        """Whether learner i is a Python learner (the last python_learners of them are)."""
+        return i >= self.learners - self.python_learners
+
+    def python_eval(self):
+        """Whether the evaluator is a Python one: diloco-learner evaluates only its own model."""
+        return self.python_model == "conv"
+
+    def train_py(self):
+        """The start of a Python learner's command line: the Python this tool runs under (the
+        project's .venv/bin/python through scripts/run-local), which imports decoupled_diloco."""
+        return [sys.executable, os.path.join(repository.root(), TRAIN_PY), "--model", self.python_model]
 
     def speed_of(self, i):
         return self.speed[i] if i < len(self.speed) else 1.0
@@ -419,31 +479,46 @@ class Cluster:
         self.children[name] = Child(name, role, self.command(name, role, argv), os.path.join(self.run_dir, f"{name}.log"))
         return self.children[name]
 
+    def merger_argv(self, name):
+        return [os.path.join(self.bin_dir, "diloco-merger"), *self._common(), "--id", name,
+                "--run-dir", os.path.join(self.run_dir, name), *self.merger_args(name)]
+
     def start_merger(self, name):
-        return self._start(name, "merger", [os.path.join(self.bin_dir, "diloco-merger"), *self._common(), "--id", name,
-                                            "--run-dir", os.path.join(self.run_dir, name), *self.merger_args(name)])
+        return self._start(name, "merger", self.merger_argv(name))
 
     def region_of(self, i):
         """The region of learner i: the regions in turn."""
         return self.regions[i % len(self.regions)]
 
-    def start_learner(self, i, max_seconds=None):
-        """Learner i (again, under the same id, after a failure); max_seconds: its time budget."""
+    def learner_argv(self, i, max_seconds=None):
+        """Learner i's command line; max_seconds: its time budget (default the run's)."""
         name = self.learner_names[i]
         max_seconds = self.max_seconds if max_seconds is None else max_seconds
-        return self._start(name, "learner",
-                           [os.path.join(self.bin_dir, "diloco-learner"), *self._common(), "--id", name, "--index", str(i),
-                            "--learners", str(self.learners), "--region", self.region_of(i),
-                            "--regions", ",".join(self.regions), "--steps", str(self.steps),
-                            "--speed-factor", str(self.speed_of(i)), "--run-dir", os.path.join(self.run_dir, name)]
-                           + (["--max-seconds", f"{max_seconds:.1f}"] if max_seconds else []))
+        args = [*self._common(), "--id", name, "--index", str(i), "--learners", str(self.learners),
+                "--region", self.region_of(i), "--regions", ",".join(self.regions), "--steps", str(self.steps),
+                "--run-dir", os.path.join(self.run_dir, name)]
+        args += ["--max-seconds", f"{max_seconds:.1f}"] if max_seconds else []
+        program = self.train_py() if self.runs_python(i) else [os.path.join(self.bin_dir, "diloco-learner")]
+        return [*program, *args, "--speed-factor", str(self.speed_of(i))]
+
+    def start_learner(self, i, max_seconds=None):
+        """Learner i (again, under the same id, after a failure); max_seconds: its time budget."""
+        return self._start(self.learner_names[i], "learner", self.learner_argv(i, max_seconds))
+
+    def eval_argv(self):
+        program = self.train_py() if self.python_eval() else [os.path.join(self.bin_dir, "diloco-learner")]
+        return [*program, *self._common(), "--id", "eval", "--eval-only", "--region", self.regions[0],
+                "--regions", ",".join(self.regions), "--eval-interval", str(self.eval_interval),
+                "--export", self.final_model, "--run-dir", os.path.join(self.run_dir, "eval")]
 
     def start_eval(self):
-        return self._start("eval", "eval",
-                           [os.path.join(self.bin_dir, "diloco-learner"), *self._common(), "--id", "eval", "--eval-only",
-                            "--region", self.regions[0], "--regions", ",".join(self.regions), "--eval-interval",
-                            str(self.eval_interval), "--export", self.final_model,
-                            "--run-dir", os.path.join(self.run_dir, "eval")])
+        return self._start("eval", "eval", self.eval_argv())
+
+    def commands(self):
+        """Every process start() launches, by name: its command line (before command() wraps it)."""
+        return {**{name: self.merger_argv(name) for name in self.merger_names},
+                **{self.learner_names[i]: self.learner_argv(i) for i in range(self.learners)},
+                "eval": self.eval_argv()}
 
     def start(self):
         for name in self.merger_names:
@@ -452,9 +527,10 @@ class Cluster:
             self.start_learner(i)
         self.start_eval()
         self.start_time = time.time()
-        say(f"run {self.run_id}: {self.mergers} merger(s), {self.learners} learner(s) over {','.join(self.regions)}, "
-            f"{self.steps} steps each ({self.steps * self.info['tokens_per_step'] * self.learners:,} tokens); "
-            f"run folder {self.run_dir}")
+        python = (f" ({self.python_learners} in Python, {self.python_model} model)" if self.python_learners else "")
+        say(f"run {self.run_id}: {self.mergers} merger(s), {self.learners} learner(s){python} over "
+            f"{','.join(self.regions)}, {self.steps} steps each "
+            f"({self.steps * self.info['tokens_per_step'] * self.learners:,} tokens); run folder {self.run_dir}")
 
     def of_role(self, role):
         return [c for c in self.children.values() if c.role == role]
@@ -505,7 +581,9 @@ class Cluster:
             json.dump(self.info, f, indent=2)
 
     def sample_and_report(self):
-        if os.path.exists(self.final_model):
+        if self.python_eval():
+            say(f"no text sample: diloco-sample runs the built-in model, and this run trained the {self.python_model} model")
+        elif os.path.exists(self.final_model):
             sample = subprocess.run([os.path.join(self.bin_dir, "diloco-sample"), self.final_model, "--prompt",
                                      "And God said", "--length", "300", "--temperature", "0.8"],
                                     capture_output=True, text=True)
@@ -526,9 +604,10 @@ class Cluster:
             say(f"report: {os.path.join(self.run_dir, 'report', 'index.html')}")
 
 
-def cluster_from_args(args, make=None):
+def cluster_from_args(args, make=None, create=True):
     """The Cluster that the command line and the config describe (shared by scripts/chaos and
-    scripts/wan-sim, whose `make` builds a subclass from the same arguments)."""
+    scripts/wan-sim, whose `make` builds a subclass from the same arguments); create: make its run
+    folder."""
     # A path relative to the working directory, or else to the repository (configs/demo.toml).
     config_path = os.path.abspath(args.config)
     if not os.path.isfile(config_path):
@@ -545,6 +624,11 @@ def cluster_from_args(args, make=None):
     for tool in ("diloco-learner", "diloco-merger", "diloco-sample"):
         if not os.access(os.path.join(args.bin_dir, tool), os.X_OK):
             fail(f"{tool} is not built in {args.bin_dir} (scripts/run-local builds it; or set --bin-dir)")
+    check_python_learners(learners, args.python_learners, args.python_model)
+    # Python learners join through the package's native module: without it each would fail at start.
+    if args.python_learners and importlib.util.find_spec("decoupled_diloco._core") is None:
+        fail(f"--python-learners needs decoupled_diloco's native module, which {sys.executable} cannot import: "
+             "build it (scripts/run-local builds it when given --python-learners; or cmake --build build --target _core)")
     run_id = f"{config['run']['id']}-{time.strftime('%Y%m%d-%H%M%S')}"
     run_dir = os.path.abspath(args.run_dir or os.path.join(repository.root(), "runs", run_id))
     earlier = [p for p in [os.path.join(run_dir, "run.json")] + glob.glob(os.path.join(run_dir, "*", "metrics.jsonl"))
@@ -552,15 +636,33 @@ def cluster_from_args(args, make=None):
     if earlier:  # the processes append to their metrics: two runs would mix in every measurement
         fail(f"the run folder {run_dir} holds an earlier run ({os.path.relpath(earlier[0], run_dir)}): "
              "give another --run-dir, or remove that one")
-    return (make or Cluster)(config_path, args.overrides, learners, regions, mergers, speed, eval_interval, steps,
-                             args.max_seconds, run_dir, args.bin_dir, run_id, tokens_per_step, fragments)
+    cluster = (make or Cluster)(config_path, args.overrides, learners, regions, mergers, speed, eval_interval, steps,
+                                args.max_seconds, run_dir, args.bin_dir, run_id, tokens_per_step, fragments,
+                                args.python_learners, args.python_model)
+    if create:
+        cluster.create_folder()
+    return cluster
+
+
+def describe(cluster):
+    """What --print-config prints: the cluster as run.json will record it, and the command line of
+    every process it starts, as a shell would take it (the broker's address as `scripts/broker
+    servers` prints it)."""
+    cluster.servers = broker("servers", check=False).stdout.strip() or "$(scripts/broker servers)"
+    info = {k: v for k, v in cluster.info.items() if k != "start_time"}
+    return {**info, "run_dir": cluster.run_dir,
+            "processes": {name: shlex.join(argv) for name, argv in cluster.commands().items()}}
 
 
 def main(argv=None) -> int:
     """scripts/run-local: runs the cluster that the command line describes; the exit status."""
     args = parse_args(argv)
     repository.root()
-    return run(cluster_from_args(args), args)
+    cluster = cluster_from_args(args, create=not args.print_config)
+    if args.print_config:
+        print(json.dumps(describe(cluster), indent=2))
+        return 0
+    return run(cluster, args)
 
 
 def run(cluster, args, on_tick=None):

@@ -43,13 +43,18 @@ def run_dir(tmp_path, at, write_jsonl):
         {"event": "start", "region": "us", "parameters": 100, "time_us": at(0)},
         {"event": "step", "step": 10, "loss": 3.2, "loss_ema": 3.6, "tokens": 100, "tokens_per_s": 40.0, "time_us": at(1)},
         {"event": "step", "step": 20, "loss": 3.0, "loss_ema": 3.4, "tokens": 200, "tokens_per_s": 40.0, "time_us": at(2)},
-        {"event": "start", "region": "us", "parameters": 100, "time_us": at(3)},
+        # Restarted as a Python learner (a decoupled_diloco.Session): the last start names it.
+        {"event": "start", "region": "us", "parameters": 100, "client": "python", "time_us": at(3)},
         {"event": "step", "step": 10, "loss": 2.8, "loss_ema": 3.2, "tokens": 100, "tokens_per_s": 45.0, "time_us": at(6)},
         {"event": "stop", "step": 10, "tokens": 100, "reason": "budget", "time_us": at(7)},
     ])
     write_jsonl(str(run / "merger-0" / "metrics.jsonl"), [
         {"event": "recovered", "fragment": 0, "version": 0, "time_us": at(0.5)},
-        {"event": "recovered", "fragment": 1, "version": 0, "time_us": at(0.5)},
+        # Fragment 1's version 0 comes from a learner's proposal, committed at 0.7 s.
+        {"event": "genesis", "fragment": 1, "learner": "learner-1", "time_us": at(0.7)},
+        # learner-0's proposal came second: not needed, not a fault.
+        {"event": "rejected", "reason": "genesis_exists", "time_us": at(0.8)},
+        {"event": "rejected", "reason": "wrong_fingerprint", "time_us": at(0.9)},
         {"event": "merge", "fragment": 0, "version": 1, "sync_seconds": 0.1, "time_us": at(2.5),
          "inputs": [{"learner": "learner-0", "staleness": 0}], "dropped": []},
         {"event": "merge", "fragment": 1, "version": 1, "sync_seconds": 0.2, "time_us": at(3.5),
@@ -140,12 +145,13 @@ def test_staleness_histogram_and_deltas_not_merged(run_dir, figures):
     assert [p.get_width() for p in reasons.patches] == [2, 2, 1]
 
 
-def test_fragment_versions_step_from_recovery_to_the_last_event(run_dir, figures):
+def test_fragment_versions_step_from_genesis_or_recovery_to_the_last_event(run_dir, figures):
     report.report(run_dir, None)
     fragment0, fragment1 = lines_of(figures["fragment_versions.png"])
     # Recovered at version 0 at 0.5 s, merged at 2.5 s and 5.5 s; held to the run's last event (8 s).
     assert fragment0 == (pytest.approx([0.5, 2.5, 5.5, 8]), [0, 1, 2, 2])
-    assert fragment1 == (pytest.approx([0.5, 3.5, 8]), [0, 1, 1])
+    # Version 0 committed at 0.7 s, merged at 3.5 s.
+    assert fragment1 == (pytest.approx([0.7, 3.5, 8]), [0, 1, 1])
 
 
 def test_training_loss_counts_steps_across_a_restart(run_dir, figures):
@@ -191,12 +197,15 @@ def test_headline_numbers_of_this_run(run_dir, figures):
         "| Tokens trained (all learners) | 500 |",
         "| Inner steps (all learners) | 50 |",
         "| Wall time | 8.0 s |",
+        "| Learners | 2 (learner-0 in eu, learner-1 in us, python) |",
         "| Merges | 3 |",
         "| Deltas merged | 4 |",
         "| Deltas dropped by reason | superseded 2, too_stale 1 |",
         "| Deltas held when a merger stopped | 2 |",
         "| Mean staleness of merged deltas | 1.25 (max 3) |",
         "| Versions per fragment | 0: 2, 1: 1 |",
+        "| Version 0 proposed by | learner-1 (fragments 1); 1 later proposal(s) not needed |",
+        "| Messages rejected by reason | wrong_fingerprint 1 |",
         # (0.1 + 0.2 + 0.3) / 3; the repeated record's 9.9 is not counted.
         "| Mean merge sync time | 0.200 s |",
         # 2 x 4 B x 100 parameters x 50 steps = 40,000 B against 4,000 B up + 1,000 B down: 8x.
@@ -206,6 +215,13 @@ def test_headline_numbers_of_this_run(run_dir, figures):
         assert row in text
     assert "learner-1 started 2 times" in text
     assert "1 merge event(s) repeat a fragment version already logged; counted once." in text
+
+
+def test_the_final_model_file_is_named_with_its_size(run_dir, figures):
+    with open(os.path.join(run_dir, "final_model.safetensors"), "wb") as f:
+        f.write(b"\0" * 2048)
+    report.report(run_dir, None)
+    assert "Final model: `final_model.safetensors`, 2,048 B (2.0 KiB)." in page(run_dir)
 
 
 def chaos_events(at):

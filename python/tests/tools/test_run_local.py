@@ -1,10 +1,15 @@
-"""scripts/run-local's live view, folded from metrics files written here by hand, and the run's
-config and cluster shape. Expected values are worked out by hand in the comments."""
+"""scripts/run-local's live view, folded from metrics files written here by hand, the run's config
+and cluster shape, and the command lines of the processes a cluster starts (C++ and Python
+learners). Expected values are worked out by hand in the comments."""
+import importlib
+import os
+import subprocess
+import sys
 import types
 
 import pytest
 
-from decoupled_diloco.tools import run_local
+from decoupled_diloco.tools import repository, run_local
 
 
 @pytest.fixture
@@ -84,3 +89,133 @@ def test_cluster_shape_command_line_over_config():
 def test_durations_and_sizes():
     assert [run_local.duration(s) for s in (None, 59.9, 61, 3600)] == ["?", "59s", "1m01s", "60m00s"]
     assert run_local.megabytes(1_234_567) == "1.23 MB"
+
+
+# ---- the cluster's command lines ----------------------------------------------------------------
+
+TINY = os.path.join(repository.root(), "configs", "tiny.toml")
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    """A cluster of 3 learners over eu,us (speed factors 1, 1.5, 1), 1 merger, 100 steps each,
+    learner-2 in Python unless told otherwise; nothing is started."""
+    def make(python_learners=1, python_model="builtin", bin_dir="/opt/diloco/bin", max_seconds=0):
+        c = run_local.Cluster(TINY, ["merger.quorum=2"], 3, ["eu", "us"], 1, [1.0, 1.5], 5.0, 100, max_seconds,
+                              str(tmp_path / "run"), bin_dir, "tiny-1", 1024, 4, python_learners, python_model)
+        c.servers = "127.0.0.1:29392"
+        return c
+    return make
+
+
+def learner_args(tmp_path, i, region):
+    """What every learner i gets, C++ or Python."""
+    return ["-c", TINY, "--set", "merger.quorum=2", "--set", 'run.id="tiny-1"', "--bootstrap", "127.0.0.1:29392",
+            "--id", f"learner-{i}", "--index", str(i), "--learners", "3", "--region", region, "--regions", "eu,us",
+            "--steps", "100", "--run-dir", str(tmp_path / "run" / f"learner-{i}")]
+
+
+def test_the_last_learners_run_python_with_the_same_arguments(cluster, tmp_path):
+    commands = cluster(python_learners=1).commands()
+    assert list(commands) == ["merger-0", "learner-0", "learner-1", "learner-2", "eval"]
+    assert commands["learner-0"] == ["/opt/diloco/bin/diloco-learner", *learner_args(tmp_path, 0, "eu"),
+                                     "--speed-factor", "1.0"]
+    assert commands["learner-1"] == ["/opt/diloco/bin/diloco-learner", *learner_args(tmp_path, 1, "us"),
+                                     "--speed-factor", "1.5"]
+    assert commands["learner-2"] == [sys.executable, os.path.join(repository.root(), run_local.TRAIN_PY),
+                                     "--model", "builtin", *learner_args(tmp_path, 2, "eu"), "--speed-factor", "1.0"]
+    # The built-in model: the C++ evaluator measures the run's model.
+    assert commands["eval"][0] == "/opt/diloco/bin/diloco-learner"
+    assert commands["eval"][-4:] == ["--export", str(tmp_path / "run" / "final_model.safetensors"),
+                                     "--run-dir", str(tmp_path / "run" / "eval")]
+
+
+def test_a_time_budget_reaches_python_learners_too(cluster):
+    c = cluster(python_learners=3, max_seconds=60)
+    assert all(c.learner_argv(i)[-4:-2] == ["--max-seconds", "60.0"] for i in range(3))
+    # A restart (scripts/chaos) gets what is left of it.
+    assert c.learner_argv(2, max_seconds=12.34)[-4:-2] == ["--max-seconds", "12.3"]
+
+
+def test_conv_runs_every_learner_and_the_evaluator_in_python(cluster, tmp_path):
+    c = cluster(python_learners=3, python_model="conv")
+    train_py = [sys.executable, os.path.join(repository.root(), run_local.TRAIN_PY), "--model", "conv"]
+    commands = c.commands()
+    assert all(commands[f"learner-{i}"][:4] == train_py for i in range(3))
+    assert commands["eval"] == [*train_py, "-c", TINY, "--set", "merger.quorum=2", "--set", 'run.id="tiny-1"',
+                                "--bootstrap", "127.0.0.1:29392", "--id", "eval", "--eval-only", "--region", "eu",
+                                "--regions", "eu,us", "--eval-interval", "5.0",
+                                "--export", str(tmp_path / "run" / "final_model.safetensors"),
+                                "--run-dir", str(tmp_path / "run" / "eval")]
+    assert commands["merger-0"][0] == "/opt/diloco/bin/diloco-merger"
+    assert (c.info["python_learners"], c.info["python_model"]) == (["learner-0", "learner-1", "learner-2"], "conv")
+
+
+def test_no_python_learner_by_default(cluster):
+    c = cluster(python_learners=0)
+    assert all(argv[0].startswith("/opt/diloco/bin/") for argv in c.commands().values())
+    assert (c.info["python_learners"], c.info["python_model"]) == ([], None)
+
+
+def test_a_cluster_writes_nothing_until_its_folder_is_created(cluster, tmp_path):
+    c = cluster()
+    assert not (tmp_path / "run").exists()
+    c.create_folder()
+    assert 'id = "tiny-1"' in (tmp_path / "run" / "config.toml").read_text()
+
+
+@pytest.mark.parametrize("python_learners, python_model, message", [
+    (4, "builtin", "--python-learners 4: the cluster has 3 learner(s) (--python-learners must be between 0 and 3)"),
+    (-1, "builtin", "--python-learners must be between 0 and 3"),
+    (2, "conv", "--python-model conv needs every learner in Python (--python-learners 3 or --learners 2, "
+                "not 2 of 3)"),
+    (0, "conv", "--python-model conv needs every learner in Python (--python-learners 3, not 0 of 3)"),
+])
+def test_impossible_python_learners_are_refused(capsys, python_learners, python_model, message):
+    with pytest.raises(SystemExit):
+        run_local.check_python_learners(3, python_learners, python_model)
+    assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("python_learners, python_model", [(0, "builtin"), (1, "builtin"), (3, "conv")])
+def test_possible_python_learners_pass(python_learners, python_model):
+    run_local.check_python_learners(3, python_learners, python_model)
+
+
+def test_a_python_learner_gets_its_speed_factor(cluster, monkeypatch):
+    """train.py emulates slower hardware as diloco-learner does, so a cluster's speed factors apply to both."""
+    pytest.importorskip("torch")
+    monkeypatch.syspath_prepend(os.path.join(repository.root(), "examples", "pytorch"))
+    train = importlib.import_module("train")
+    c = run_local.Cluster(TINY, [], 3, ["eu", "us"], 1, [1.0, 1.0, 2.5], 5.0, 100, 0, "/tmp/unused", "/opt/bin",
+                          "tiny-1", 1024, 4, 1, "builtin")
+    assert train.parse_args(c.learner_argv(2)[2:]).speed_factor == 2.5
+
+
+def test_train_py_reads_a_python_learners_command_line(cluster, monkeypatch):
+    pytest.importorskip("torch")
+    monkeypatch.syspath_prepend(os.path.join(repository.root(), "examples", "pytorch"))
+    train = importlib.import_module("train")
+    c = cluster(python_learners=3, python_model="conv", max_seconds=30)
+    for argv in (c.learner_argv(1), c.eval_argv()):
+        args = train.parse_args(argv[2:])
+        assert (args.config, args.set, args.bootstrap, args.model) == (
+            TINY, ["merger.quorum=2", 'run.id="tiny-1"'], "127.0.0.1:29392", "conv")
+    args = train.parse_args(c.learner_argv(1)[2:])
+    assert (args.id, args.index, args.learners, args.region, args.regions, args.steps, args.max_seconds) == (
+        "learner-1", 1, 3, "us", ["eu", "us"], 100, 30.0)
+    args = train.parse_args(c.eval_argv()[2:])
+    assert (args.id, args.eval_only, args.eval_interval) == ("eval", True, 5.0)
+
+
+def test_diloco_learner_reads_a_cpp_learners_command_line(cluster):
+    """Each C++ command line parses in the built binaries (--print-config exits after parsing)."""
+    bin_dir = repository.default_bin_dir()
+    for tool in ("diloco-learner", "diloco-merger"):
+        if not os.access(os.path.join(bin_dir, tool), os.X_OK):
+            pytest.skip(f"{tool} is not built in {bin_dir}")
+    c = cluster(python_learners=0, bin_dir=bin_dir, max_seconds=30)
+    for name, argv in c.commands().items():
+        if argv[0].endswith("diloco-learner"):
+            r = subprocess.run([*argv, "--print-config"], capture_output=True, text=True)
+            assert r.returncode == 0, f"{name}: {r.stderr}"
