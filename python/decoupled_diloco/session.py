@@ -355,12 +355,15 @@ def load_version(config: PathLike, parameters: Parameters, *, version: Optional[
     values, info = read_version(config, version=version, bootstrap=bootstrap, overrides=overrides,
                                 connect_timeout=connect_timeout, timeout=timeout)
     items = dict(parameters.items() if isinstance(parameters, Mapping) else parameters)
+
+    def shape(t: Any) -> str:  # as the runtime's messages write a shape: [8,16]
+        return "[" + ",".join(str(int(d)) for d in t.shape) + "]"
+
     for name, value in values.items():
         if name not in items:
-            raise InvalidInputError(f"tensor '{name}' {list(value.shape)} of the run is not among the parameters given")
-        if [int(d) for d in items[name].shape] != list(value.shape):
-            raise InvalidInputError(f"tensor '{name}' is {list(value.shape)} in the run, "
-                                    f"{[int(d) for d in items[name].shape]} here")
+            raise InvalidInputError(f"tensor '{name}' {shape(value)} of the run is not among the parameters given")
+        if shape(items[name]) != shape(value):
+            raise InvalidInputError(f"tensor '{name}' is {shape(value)} in the run, {shape(items[name])} here")
     for name in items:
         if name not in values:
             raise InvalidInputError(f"tensor '{name}' is not in the run (it has {len(values)} tensors)")
