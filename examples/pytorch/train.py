@@ -15,6 +15,7 @@ Options mirror diloco-learner's; the run config is the same file (see run_config
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import math
 import os
@@ -84,6 +85,23 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if args.region not in args.regions:
         p.error(f"--region {args.region} is not in --regions {','.join(args.regions)}")
     return args
+
+
+def set_threads(threads: int) -> None:
+    """torch's intra-op threads, and OpenBLAS's: Debian's torch computes matrix products with
+    OpenBLAS, whose own thread pool torch.set_num_threads does not size (two learners on two cores
+    would each run a second BLAS thread)."""
+    torch.set_num_threads(threads)
+    try:
+        with open("/proc/self/maps") as maps:  # the libraries loaded (Linux)
+            libraries = {line.split()[-1] for line in maps if "openblas" in line}
+    except OSError:
+        return
+    for path in sorted(libraries):
+        setter = getattr(ctypes.CDLL(path), "openblas_set_num_threads", None)
+        if setter:
+            setter(threads)
+            return
 
 
 def out_of_time(args: argparse.Namespace) -> bool:
@@ -251,7 +269,7 @@ def evaluate_global(args: argparse.Namespace, config: dict, model: nn.Module, co
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    torch.set_num_threads(args.threads)
+    set_threads(args.threads)
     try:
         config = load_run_config(args.config, args.set)
         corpus = load_corpus(config["data"]["path"])
