@@ -67,7 +67,10 @@ void FragmentTrack::check_received(const std::vector<DenseTensor>& received, con
 void FragmentTrack::start_base(uint64_t version, uint64_t checksum, std::vector<DenseTensor> received) {
   if (sent_on_base_) carried_ = std::move(last_cut_);
   last_cut_.clear();
+  // The new base has no cut yet (a saved track checks its counters against these).
   cut_point_.clear();
+  steps_at_cut_ = 0;
+  tokens_at_cut_ = 0;
   version_ = version;
   checksum_ = checksum;
   anchor_ = std::move(received);

@@ -327,6 +327,9 @@ bool LearnerRuntime::Impl::join_run() {
   auto last_note = t0 - std::chrono::hours(1);
   for (;;) {
     StateScan scan = read_states(o.kafka, topics, any, n);
+    // A merger's verdict on this learner's own proposals first: when another model's version 0
+    // won the race, the rejection of ours says so, and how the models differ.
+    if (!proposed.empty()) check_rejections(rejected_from, proposed);
     for (const auto& [p, state] : scan.latest) check_model(state);
     std::vector<uint32_t> missing;
     for (uint32_t p = 0; p < n; ++p)
@@ -347,7 +350,6 @@ bool LearnerRuntime::Impl::join_run() {
       for (auto& position : propose_genesis(missing)) proposed.insert(std::move(position));
       say(detail::concat("the run has no version 0 of ", missing.size(), " fragment(s): proposed this learner's values"));
     }
-    if (!proposed.empty()) check_rejections(rejected_from, proposed);
     if (seconds_since(t0) > static_cast<double>(o.genesis_timeout.count()))
       throw Unavailable(detail::concat("no version 0 of ", missing.size(), " of ", n, " fragments in ", topics.state(),
                                        " after ", o.genesis_timeout.count(),
@@ -662,7 +664,14 @@ bool LearnerRuntime::start() {
   }
   s.schedule.emplace(schedule, s.step);
   if (!current.empty()) s.wait_for_versions(current);
+  // The first announcement holds the id: start() returns once the broker has it, so that another
+  // process starting under this id from now on finds the claim (claim_id). Bounded: a slow broker
+  // delays the claim, never the training.
   s.heartbeat(true);
+  const auto claimed = Clock::now();
+  while (s.publisher->stats().heartbeats_delivered == 0 && seconds_since(claimed) < s.o.id_claim_wait_s &&
+         !s.stopping())
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
   s.last_step_end = Clock::now();
   return true;
 }
@@ -799,7 +808,8 @@ void LearnerRuntime::load_state(std::span<const uint8_t> bytes) {
     throw InvalidInput(std::string("not a saved state of this learner's run and model: ") + e.what());
   }
   if (saved.learner_id != s.o.learner_id)
-    throw InvalidInput("the saved state is learner '" + saved.learner_id + "''s, this learner is '" + s.o.learner_id + "'");
+    throw InvalidInput("the saved state belongs to learner '" + saved.learner_id + "', this learner is '" +
+                       s.o.learner_id + "'");
   for (auto& f : saved.fragments) {
     const uint32_t p = f.fragment;
     FragmentTrack current = std::move(s.fragments[p]);

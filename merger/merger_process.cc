@@ -188,6 +188,9 @@ MergerProcess::MergerProcess(const MergerOptions& options, const std::atomic<boo
                                         .resend = std::chrono::milliseconds(options.timeouts.snapshot_resend_ms),
                                         .queue_bytes = options.snapshot_queue_bytes}) {
   validate_run_config(o_.config);
+  // Chunks that cannot fit one Kafka record are refused now; the layout's own bounds are checked
+  // when a learner's proposal or a checkpoint tells it (adopt_layout).
+  check_chunk_bytes(o_.config, o_.kafka.max_message_bytes);
   chunks_ = std::make_unique<ChunkAssembler>(limits());
 }
 
@@ -195,8 +198,10 @@ MergerProcess::MergerProcess(const MergerOptions& options, const std::atomic<boo
 // before proposing, so a proposal that fails here was made with other Kafka limits).
 void MergerProcess::adopt_layout(std::shared_ptr<const FragmentLayout> layout) {
   check_message_sizes(o_.config, *layout, o_.kafka.max_message_bytes);
+  // Tightened, not replaced: a new assembler would drop the pieces of other proposals (and
+  // deltas) still being put together.
   layout_ = std::move(layout);
-  chunks_ = std::make_unique<ChunkAssembler>(limits());
+  chunks_->set_limits(limits());
   log({{"event", "layout"}, {"fingerprint", layout_->fingerprint}, {"tensors", layout_->tensors.size()},
        {"parameters", layout_->numel()}, {"fragments", layout_->num_fragments()}});
   std::cerr << "merger " << o_.instance_id << ": the run's model has " << layout_->tensors.size() << " tensors, "

@@ -1,11 +1,8 @@
-// Included first in every test file (as a precompiled header, see tests/CMakeLists.txt).
-// libtorch brings glog, whose CHECK macro would replace Catch's CHECK in any test that includes a
-// torch header after catch.hpp: failures would abort instead of being reported. Including torch
-// first and dropping glog's CHECK lets Catch define its own.
+// Included first in every unit and integration test file (as a precompiled header, see
+// tests/CMakeLists.txt). These binaries link no libtorch; the model tests have their own prelude
+// (tests/model/prelude.h).
 #pragma once
 
-#include <torch/torch.h>
-#undef CHECK
 #include <catch2/catch.hpp>
 
 #include <ostream>
@@ -13,8 +10,7 @@
 #include "core/codec/messages.h"
 #include "core/fragments/layout.h"
 
-// glog's stl_logging.h (pulled in by torch) declares operator<< for every std::vector, so Catch
-// believes vectors of our types are printable; give the element types a printer.
+// Catch prints a vector element by element when the element type has an operator<<.
 namespace diloco {
 inline std::ostream& operator<<(std::ostream& out, const TensorSpec& t) {
   out << t.name << "[";

@@ -1,6 +1,7 @@
 #include "core/codec/learner_state.h"
 
 #include "core/codec/tensor_wire.h"
+#include "core/errors.h"
 #include "schemas/learner_state_generated.h"
 
 namespace diloco {
@@ -48,6 +49,7 @@ std::vector<uint8_t> encode_learner_state(const SavedLearner& state) {
 }
 
 SavedLearner decode_learner_state(std::span<const uint8_t> bytes, const DecodeLimits& limits) {
+  DILOCO_ENFORCE(limits.layout != nullptr, "decoding a saved learner state needs the model's layout");
   const auto& m = open_root<wire::LearnerState>(bytes, limits, wire::VerifyLearnerStateBuffer, "LearnerState");
   check_fingerprint(m.fingerprint(), limits);
   SavedLearner out;

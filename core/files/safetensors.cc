@@ -1,5 +1,8 @@
 #include "core/files/safetensors.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <bit>
 #include <cstring>
@@ -62,6 +65,13 @@ void save_safetensors(const std::filesystem::path& path, const std::vector<Named
       out.write(reinterpret_cast<const char*>(t.values.data()), static_cast<std::streamsize>(t.values.size() * 4));
     out.close();
     if (!out) throw IoError("write failed (disk full?)");
+    // On disk before the rename makes it the file: a power loss leaves the old file or the new one.
+    const int fd = ::open(tmp.c_str(), O_RDONLY);
+    if (fd < 0 || ::fsync(fd) != 0) {
+      if (fd >= 0) ::close(fd);
+      throw IoError("fsync failed");
+    }
+    ::close(fd);
     std::filesystem::rename(tmp, path);
   } catch (const std::exception& e) {
     std::error_code ignored;

@@ -54,14 +54,18 @@ bool keeps_residual(const RunConfig& config) { return config.codec.downlink_dtyp
 MessageBound largest_message(const RunConfig& config, const FragmentLayout& layout) {
   const bool outer = keeps_outer_state(config);
   const bool residual = keeps_residual(config);
+  // Checkpoints and proposals carry the whole model's list of tensors (schemas/common.fbs
+  // ModelLayout): its names and shapes, with FlatBuffers' framing per entry.
+  uint64_t layout_bytes = 64;
+  for (const auto& t : layout.tensors) layout_bytes += t.name.size() + 8 * t.shape.size() + 32;
   MessageBound largest;
   for (uint32_t p = 0; p < layout.num_fragments(); ++p) {
     const int64_t n = layout.fragment_numel(p);
     const size_t tensors = layout.fragments[p].size();
     const MessageBound candidates[] = {
         {"delta", p, n, delta_bytes_bound(n, tensors, config.codec.dtype, config.codec.block_size)},
-        {"parameters", p, n, params_bytes_bound(n, tensors)},
-        {"checkpoint", p, n, state_bytes_bound(n, tensors, outer, residual)},
+        {"parameters", p, n, params_bytes_bound(n, tensors) + layout_bytes},
+        {"checkpoint", p, n, state_bytes_bound(n, tensors, outer, residual) + layout_bytes},
     };
     for (const auto& c : candidates)
       if (c.bytes > largest.bytes) largest = c;
@@ -79,7 +83,7 @@ DecodeLimits run_decode_limits(const RunConfig& config, const FragmentLayout& la
                       .max_message_bytes = limit, .max_decompressed_bytes = limit};
 }
 
-void check_message_sizes(const RunConfig& config, const FragmentLayout& layout, uint64_t max_record_bytes) {
+void check_chunk_bytes(const RunConfig& config, uint64_t max_record_bytes) {
   const uint64_t chunk = config.codec.chunk_bytes;
   if (chunk + kChunkOverhead > max_record_bytes)
     throw InvalidInput("codec.chunk_bytes is " + std::to_string(chunk) + " bytes: with " +
@@ -89,6 +93,10 @@ void check_message_sizes(const RunConfig& config, const FragmentLayout& layout, 
                        std::to_string(mib(max_record_bytes)) + " MiB): lower codec.chunk_bytes to at most " +
                        std::to_string(max_record_bytes > kChunkOverhead ? max_record_bytes - kChunkOverhead : 0) +
                        " or raise MAX_MESSAGE_BYTES");
+}
+
+void check_message_sizes(const RunConfig& config, const FragmentLayout& layout, uint64_t max_record_bytes) {
+  check_chunk_bytes(config, max_record_bytes);
   const MessageBound largest = largest_message(config, layout);
   if (largest.bytes <= kMaxLogicalMessageBytes) return;
   const bool outer = keeps_outer_state(config);

@@ -46,7 +46,11 @@ uint64_t logical_message_limit(const RunConfig& config, const FragmentLayout& la
 DecodeLimits run_decode_limits(const RunConfig& config, const FragmentLayout& layout);
 
 // Throws InvalidInput, naming the numbers and the setting to change, when a chunk of
-// codec.chunk_bytes does not fit a Kafka record of max_record_bytes, or when largest_message()
+// codec.chunk_bytes does not fit a Kafka record of max_record_bytes. Needs no model: a merger
+// checks it at start, before any learner told it the layout.
+void check_chunk_bytes(const RunConfig& config, uint64_t max_record_bytes);
+
+// check_chunk_bytes, and throws InvalidInput (as it does) when largest_message()
 // exceeds kMaxLogicalMessageBytes (more diloco.fragments, or a smaller model when a single tensor
 // is too large for any fragment count).
 void check_message_sizes(const RunConfig& config, const FragmentLayout& layout, uint64_t max_record_bytes);

@@ -81,10 +81,13 @@ FragmentLayout partition_tensors(std::span<const TensorSpec> tensors, uint32_t n
                                       num_fragments,
                                       " fragments: need 1 <= diloco.fragments <= number of tensors"));
   std::set<std::string_view> names;
-  for (const auto& t : tensors) {
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const TensorSpec& t = tensors[i];
+    // An empty name cannot name its tensor: its position in the registered list does.
     if (t.name.empty() || t.name.size() > kMaxTensorName)
-      throw InvalidInput(detail::concat("a tensor name must have 1 to ", kMaxTensorName, " bytes, not ",
-                                        t.name.size(), t.name.empty() ? "" : " ('" + t.name.substr(0, 64) + "...')"));
+      throw InvalidInput(detail::concat("tensor ", i, " of ", tensors.size(), ": a tensor name must have 1 to ",
+                                        kMaxTensorName, " bytes, not ", t.name.size(),
+                                        t.name.empty() ? "" : " ('" + t.name.substr(0, 64) + "...')"));
     if (!names.insert(t.name).second)
       throw InvalidInput(detail::concat("tensor name '", t.name, "' appears twice in the model"));
     if (t.shape.size() > kMaxTensorDims)

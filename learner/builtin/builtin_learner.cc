@@ -9,6 +9,7 @@
 
 #include "core/data/corpus.h"
 #include "core/errors.h"
+#include "core/fragments/message_budget.h"
 #include "core/metrics/metrics.h"
 #include "core/model/cpu_runtime.h"
 #include "core/process.h"
@@ -39,11 +40,19 @@ std::vector<RegisteredTensor> registered(const Transformer& model) {
   return out;
 }
 
+// A model whose messages cannot travel is refused before it is built: it may be large (the
+// runtime checks the same once it has the tensors).
+Transformer checked_model(const BuiltinLearnerOptions& o) {
+  const RunConfig& config = o.runtime.config;
+  if (o.runtime.mode != LearnerMode::Standalone)
+    check_message_sizes(config, builtin_layout(config), o.runtime.kafka.max_message_bytes);
+  return Transformer(model_options(config.model), config.run.seed);
+}
+
 class BuiltinLearner {
  public:
   BuiltinLearner(const BuiltinLearnerOptions& options, const std::atomic<bool>& stop)
-      : o_(options), stop_(stop), model_(model_options(options.runtime.config.model), options.runtime.config.run.seed),
-        runtime_(runtime_options(), registered(model_)) {}
+      : o_(options), stop_(stop), model_(checked_model(options)), runtime_(runtime_options(), registered(model_)) {}
 
   int run();
 

@@ -67,6 +67,14 @@ inline RunTopics create_run(const KafkaOptions& options, const std::string& run_
   return RunTopics{run_id};
 }
 
+// The first port of a test's own broker: `fallback`, or the environment variable `name` when set
+// (two builds testing on one machine give their tests' brokers other ports, as
+// DILOCO_TEST_BROKER_PORT and DILOCO_TEST_CHAOS_PORT do for the shell tests).
+inline int test_port(const char* name, int fallback) {
+  const char* value = std::getenv(name);
+  return value && *value ? std::atoi(value) : fallback;
+}
+
 // A broker of the test's own (folder, ports and node count), for tests that stop or kill broker
 // nodes without disturbing the shared one; stopped and removed when the test ends. Node i of
 // `nodes` listens on port + 2 (i - 1) (scripts/broker).

@@ -4,6 +4,8 @@
 // forward by one (invariants 1 and 2 of ARCHITECTURE.md section 8, as far as the logs show them).
 #pragma once
 
+#include <catch2/catch.hpp>
+
 #include <sstream>
 #include <string>
 #include <vector>
@@ -27,7 +29,10 @@ inline AuditResult audit_run(const KafkaOptions& kafka, const RunConfig& config,
   for (const auto& r : regions) delta_topics.push_back(topics.deltas(r));
   auto reader = std::make_shared<LogReader>(kafka);
   const int partitions = reader->partition_count(topics.merges(), 10000);
-  ReplayRun run{.config = config, .setup = build_model(config), .kafka = kafka, .topics = topics,
+  // The run's layout, as diloco-replay reads it: from the checkpoints.
+  auto layout = read_run_layout(kafka, topics, config, 60000);
+  REQUIRE(layout != nullptr);
+  ReplayRun run{.config = config, .layout = std::move(layout), .kafka = kafka, .topics = topics,
                 .delta_topics = delta_topics, .partitions = partitions, .timeout_ms = 60000,
                 .reader = std::move(reader)};
   return AuditResult{audit(run)};

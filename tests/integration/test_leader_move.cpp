@@ -44,7 +44,7 @@ double seconds_since(std::chrono::steady_clock::time_point t) {
 
 TEST_CASE("watermark queries follow a partition leader that was killed and restarted", "[kafka][faults][three-nodes]") {
   testing::require_broker();  // the shared broker must be up too: its absence is a setup error
-  testing::PrivateBroker broker("leader-move", 29392, 3);
+  testing::PrivateBroker broker("leader-move", testing::test_port("DILOCO_TEST_LEADER_MOVE_PORT", 29392), 3);
   const std::string run = testing::unique_run_id("leadermove");
   REQUIRE(broker.start("--run " + run + " --regions r0 --partitions 1") == 0);
   KafkaOptions kafka = testing::broker_options();

@@ -15,7 +15,7 @@ using namespace std::chrono_literals;
 
 TEST_CASE("learner trains through a broker outage with bounded memory and publishes again after", "[learner][outage]") {
   testing::require_broker();  // the shared broker must be up too: its absence is a setup error
-  testing::PrivateBroker broker("outage", 29292);
+  testing::PrivateBroker broker("outage", testing::test_port("DILOCO_TEST_OUTAGE_PORT", 29292));
   std::string run = testing::unique_run_id("outage");
   REQUIRE(broker.start("--run " + run + " --regions r0 --partitions 2") == 0);
   KafkaOptions kafka = testing::broker_options();

@@ -19,8 +19,8 @@ TEST_CASE("learner rejects FragmentParams with a wrong fingerprint and adopts a 
   std::string run = testing::unique_run_id("params");
   RunTopics topics = testing::create_run(kafka, run, {"r0"}, 2);
   RunConfig config = testing::tiny_config(run);
-  testing::write_genesis(kafka, config, 2);
-  ModelSetup setup = build_model(config);
+  const auto layout = testing::write_genesis(kafka, config, 2);
+  const testing::HostModel model(config, 1);
 
   // The test's "merger": a PUB socket announced in `members`.
   zmq::context_t context;
@@ -44,9 +44,8 @@ TEST_CASE("learner rejects FragmentParams with a wrong fingerprint and adopts a 
   if (!testing::eventually([&] { return testing::last_event(metrics, "step").has_value(); }, 120s))
     FAIL("the learner did not start training within 120 s; its log:\n" << learner.log());
 
-  FragmentParams bad{.run_id = run, .fingerprint = setup.layout.fingerprint ^ 1, .fragment = 0, .version = 5,
-                     .merger_instance = "test-merger", .epoch = 1,
-                     .tensors = fragment_tensors(setup.model, setup.layout, 0)};
+  FragmentParams bad{.run_id = run, .fingerprint = layout->fingerprint ^ 1, .fragment = 0, .version = 5,
+                     .merger_instance = "test-merger", .epoch = 1, .tensors = model.fragment(*layout, 0)};
   for (auto& t : bad.tensors)
     for (auto& v : t.values) v += 0.5f;
   auto bad_bytes = encode_fragment_params(bad);
@@ -64,7 +63,7 @@ TEST_CASE("learner rejects FragmentParams with a wrong fingerprint and adopts a 
   CHECK((*step)["versions"][0] == 0);
 
   FragmentParams good = bad;
-  good.fingerprint = setup.layout.fingerprint;
+  good.fingerprint = layout->fingerprint;
   good.checksum = 0;  // filled in by the encoder
   auto good_bytes = encode_fragment_params(good);
   uint64_t expected_checksum = checksum_fp32(good.tensors);

@@ -55,22 +55,28 @@ TEST_CASE("learner refuses bad input with a clear error and a non-zero exit", "[
     CHECK(std::chrono::steady_clock::now() - start < 30s);  // the default wait is 30 s
   }
   {
-    // Refused before the broker is even asked (the bootstrap address here has none), by learner
-    // and merger alike: chunks that cannot fit one Kafka record, and a 252M-parameter fragment
-    // whose checkpoint (12 B per parameter) cannot be one buffer.
-    const std::vector<std::pair<std::vector<std::string>, std::vector<std::string>>> cases = {
+    // Refused before the broker is even asked (the bootstrap address here has none): chunks that
+    // cannot fit one Kafka record, by learner and merger alike, and a 252M-parameter fragment
+    // whose checkpoint (12 B per parameter) cannot be one buffer, by the learner, whose model it
+    // is (a merger learns the model from the learners' proposals, and holds none at start).
+    struct Case {
+      std::vector<std::string> sets, expected, binaries;
+    };
+    const std::vector<Case> cases = {
         {{"--set", "codec.chunk_bytes=67108864"},
          {"codec.chunk_bytes is 67108864 bytes", "above the 67108864-byte limit of one Kafka record",
-          "lower codec.chunk_bytes to at most 67107840"}},
+          "lower codec.chunk_bytes to at most 67107840"},
+         {testing::learner_binary(), testing::merger_binary()}},
         {{"--set", "model.width=2048", "--set", "model.layers=5", "--set", "diloco.fragments=1"},
          {"fragment 0 has 252319744 parameters", "above the 2146435072-byte limit of one message",
-          "set diloco.fragments to at least 2"}},
+          "set diloco.fragments to at least 2"},
+         {testing::learner_binary()}},
     };
     int n = 0;
-    for (const auto& [sets, expected] : cases) {
+    for (const auto& [sets, expected, binaries] : cases) {
       std::vector<std::string> common = {"-c", testing::tiny_config_path(), "--bootstrap", "127.0.0.1:1"};
       common.insert(common.end(), sets.begin(), sets.end());
-      for (const std::string& binary : {testing::learner_binary(), testing::merger_binary()}) {
+      for (const std::string& binary : binaries) {
         std::vector<std::string> args = {binary};
         args.insert(args.end(), common.begin(), common.end());
         testing::ChildProcess p(args, dir + "/size-" + std::to_string(++n) + ".log");

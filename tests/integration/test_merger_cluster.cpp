@@ -56,8 +56,7 @@ struct Cluster {
   }
   // Latest announcement of each merger in `members`.
   std::map<std::string, Member> mergers() const {
-    ModelSetup setup = build_model(config);
-    DecodeLimits limits{.run_id = run, .fingerprint = setup.layout.fingerprint, .layout = &setup.layout};
+    DecodeLimits limits{.run_id = run};  // announcements do not depend on the model
     std::map<std::string, Member> out;
     read_to_end(kafka, {topics.members()}, [&](const ConsumedMessage& m) {
       if (m.tombstone) return;
@@ -218,7 +217,7 @@ TEST_CASE("a new owner does not rebuild around an open transaction, it waits and
   const std::string run = testing::unique_run_id("open-txn");
   RunTopics topics = testing::create_run(kafka, run, {"r0"}, 2);
   RunConfig config = testing::tiny_config(run);
-  ModelSetup setup = build_model(config);
+  const auto layout = std::make_shared<const FragmentLayout>(builtin_layout(config));
   // A predecessor killed mid-transaction: its record is in the log, neither committed nor aborted.
   Producer predecessor(ProducerOptions{.kafka = kafka, .transactional_id = run + "-killed-owner"}, nullptr);
   predecessor.init_transactions(30000);
@@ -227,10 +226,8 @@ TEST_CASE("a new owner does not rebuild around an open transaction, it waits and
   predecessor.produce({.topic = topics.merges(), .partition = 0, .key = "0", .value = value}, 1, 10000);
   REQUIRE(predecessor.flush(20000) == 0);
 
-  LogContext ctx{.kafka = kafka, .topics = topics, .config = &config, .layout = &setup.layout,
-                 .genesis = genesis_of(config, setup),
-                 .limits = DecodeLimits{.run_id = run, .fingerprint = setup.layout.fingerprint, .layout = &setup.layout},
-                 .stable_wait_ms = 1000};
+  LogContext ctx{.kafka = kafka, .topics = topics, .config = &config, .layout = layout,
+                 .limits = run_decode_limits(config, *layout), .stable_wait_ms = 1000};
   const std::vector<uint32_t> fragments{0};  // fragment 0 lives in partition 0 of 2
   CHECK_THROWS_WITH(recover_partition(ctx, 0, fragments),
                     Catch::Contains(topics.merges() + "[0] still has a transaction open") &&
@@ -241,24 +238,25 @@ TEST_CASE("a new owner does not rebuild around an open transaction, it waits and
   ctx.stable_wait_ms = 30000;
   auto recovered = recover_partition(ctx, 0, fragments);
   REQUIRE(recovered.count(0));
-  CHECK(recovered.at(0).from_genesis);
-  CHECK(recovered.at(0).state.version == 0);
+  // Nothing committed: the fragment waits for a learner's proposal of version 0.
+  CHECK(recovered.at(0).awaiting_genesis);
   CHECK(recovered.at(0).replayed.empty());
 }
 
 TEST_CASE("hostile deltas are rejected with a reason, written to `rejected`, and change no state", "[merger][hostile]") {
   Cluster c;
   auto merger = c.merger("M0");
-  REQUIRE(testing::eventually([&] { return c.count("M0", "genesis") == 4; }, 60s));
-  ModelSetup setup = build_model(c.config);
+  const testing::HostModel model = testing::propose_genesis(c.kafka, c.config);
+  REQUIRE(c.count("M0", "genesis") == 4);
+  const FragmentLayout layout = builtin_layout(c.config);
 
   std::vector<std::vector<uint8_t>> payloads;
   payloads.push_back({'n', 'o', 't', ' ', 'z', 's', 't', 'd'});
-  DeltaHeader h{.run_id = c.run, .fingerprint = setup.layout.fingerprint ^ 7, .learner_id = "evil", .region = "r0",
+  DeltaHeader h{.run_id = c.run, .fingerprint = layout.fingerprint ^ 7, .learner_id = "evil", .region = "r0",
                 .fragment = 0, .seq = 1, .base_version = 0, .inner_steps = 1, .tokens = 1024, .learner_step = 1};
-  auto tensors = fragment_tensors(setup.model, setup.layout, 0);
+  auto tensors = model.fragment(layout, 0);
   payloads.push_back(encode_delta(h, std::span<const DenseTensor>(tensors), CodecOptions{}));  // wrong fingerprint
-  h.fingerprint = setup.layout.fingerprint;
+  h.fingerprint = layout.fingerprint;
   h.run_id = "another-run";
   payloads.push_back(encode_delta(h, std::span<const DenseTensor>(tensors), CodecOptions{}));  // wrong run
   h.run_id = c.run;
@@ -272,7 +270,7 @@ TEST_CASE("hostile deltas are rejected with a reason, written to `rejected`, and
     REQUIRE(producer.flush(20000) == 0);
   }
   std::vector<RejectedInput> rejected;
-  DecodeLimits limits{.run_id = c.run, .fingerprint = setup.layout.fingerprint, .layout = &setup.layout};
+  const DecodeLimits limits = run_decode_limits(c.config, layout);
   bool all = testing::eventually([&] {
     rejected.clear();
     read_to_end(c.kafka, {c.topics.rejected()}, [&](const ConsumedMessage& m) { rejected.push_back(decode_rejected(m.value, limits)); }, 30000);
@@ -331,55 +329,28 @@ TEST_CASE("a run whose deltas and checkpoints travel in chunks survives a merger
   INFO(audit.report());
   CHECK(audit.ok());
   CHECK(audit.merges >= 12);
-  // Every version rebuilds from the logs, from the earliest checkpoint on.
-  {
-    std::vector<std::string> args = {DILOCO_BINARY_DIR "/bin/diloco-replay", "-c", testing::tiny_config_path(), "--run",
-                                     c.run, "--bootstrap", c.kafka.bootstrap_servers};
-    args.insert(args.end(), c.sets.begin(), c.sets.end());
-    args.push_back("verify");
-    testing::ChildProcess verify(args, c.dir + "/verify.log");
-    auto code = verify.wait_exit(120s);
-    INFO(verify.log());
-    REQUIRE(code.has_value());
-    CHECK(*code == 0);
-    CHECK(verify.log().find("PASS") != std::string::npos);
-  }
-  // A new owner rebuilds each fragment from its chunked checkpoint and the records after it, and
-  // never asks for version 0 (which would make a merger build the seeded model again).
-  ModelSetup setup = build_model(c.config);
-  DecodeLimits limits = run_decode_limits(c.config, setup.layout);
-  std::vector<uint32_t> genesis_asked;
+  // Every version rebuilds from the logs, from version 0 on.
+  testing::require_verify_pass(c.kafka, c.dir, c.sets);
+  // A new owner rebuilds each fragment from its chunked checkpoint and the records after it.
+  const auto layout = std::make_shared<const FragmentLayout>(builtin_layout(c.config));
+  const DecodeLimits limits = run_decode_limits(c.config, *layout);
   for (int32_t partition = 0; partition < 2; ++partition) {
-    LogContext ctx{.kafka = c.kafka, .topics = c.topics, .config = &c.config, .layout = &setup.layout,
-                   .genesis = [&](std::span<const uint32_t> fragments) {
-                     genesis_asked.insert(genesis_asked.end(), fragments.begin(), fragments.end());
-                     return genesis_of(c.config, setup)(fragments);
-                   },
-                   .limits = limits};
+    LogContext ctx{.kafka = c.kafka, .topics = c.topics, .config = &c.config, .layout = layout, .limits = limits};
     auto recovered = recover_partition(ctx, partition, std::vector<uint32_t>{static_cast<uint32_t>(partition),
                                                                               static_cast<uint32_t>(partition + 2)});
     for (const auto& [p, f] : recovered) {
-      CHECK_FALSE(f.from_genesis);
+      CHECK_FALSE(f.awaiting_genesis);
       CHECK(f.state.version == audit.versions[p].back().version);
+      CHECK(f.state.layout == layout);  // the run's, for the checkpoints it writes
     }
   }
-  CHECK(genesis_asked.empty());
-  // A run the logs know nothing of: every fragment starts from version 0, asked for once each.
+  // A run the logs know nothing of: no version 0 is made up, every fragment awaits a proposal.
   RunConfig other = c.config;
   other.run.id = c.run + "-empty";
   const RunTopics other_topics = testing::create_run(c.kafka, other.run.id, c.regions, 2);
-  LogContext empty{.kafka = c.kafka, .topics = other_topics, .config = &other, .layout = &setup.layout,
-                   .genesis = [&](std::span<const uint32_t> fragments) {
-                     genesis_asked.insert(genesis_asked.end(), fragments.begin(), fragments.end());
-                     return genesis_from_seed(other, setup.layout)(fragments);
-                   },
-                   .limits = run_decode_limits(other, setup.layout), .timeout_ms = 10000};
+  LogContext empty{.kafka = c.kafka, .topics = other_topics, .config = &other, .layout = layout,
+                   .limits = run_decode_limits(other, *layout), .timeout_ms = 10000};
   const auto fresh = recover_partition(empty, 0, std::vector<uint32_t>{0, 2});
-  CHECK(genesis_asked == std::vector<uint32_t>{0, 2});
-  for (const auto& [p, f] : fresh) {
-    CHECK(f.from_genesis);
-    CHECK(f.state.version == 0);
-    // Generated from the seed without a model: the bits of the seeded model's fragment.
-    CHECK(f.state.checksum == genesis_state(other, setup, p).checksum);
-  }
+  REQUIRE(fresh.size() == 2);
+  for (const auto& [p, f] : fresh) CHECK(f.awaiting_genesis);
 }

@@ -36,13 +36,14 @@ struct FaultRun {
   RunTopics topics;
   std::string dir;
   RunConfig config;
-  ModelSetup setup;
+  std::shared_ptr<const FragmentLayout> layout;
   std::vector<std::string> sets;
   int session_timeout_ms = 6000;  // of the mergers started from here on
 
   FaultRun(const std::string& name, std::vector<std::string> extra)
       : run(testing::unique_run_id(name)), topics(testing::create_run(kafka, run, {"r0"}, kPartitions)),
-        dir(testing::temp_dir(name)), config(testing::tiny_config(run, extra)), setup(build_model(config)) {
+        dir(testing::temp_dir(name)), config(testing::tiny_config(run, extra)),
+        layout(std::make_shared<const FragmentLayout>(builtin_layout(config))) {
     sets = {"--set", "run.id=\"" + run + "\""};
     for (const auto& e : extra) sets.insert(sets.end(), {"--set", e});
   }
@@ -66,11 +67,13 @@ struct FaultRun {
   // A well-formed fp32 delta of `fragment` from `learner` (every value `value`).
   std::vector<uint8_t> delta(const std::string& learner, uint32_t fragment, uint64_t seq, uint64_t base,
                              float value = 1e-3f) const {
-    DeltaHeader h{.run_id = run, .fingerprint = setup.layout.fingerprint, .learner_id = learner, .region = "r0",
+    DeltaHeader h{.run_id = run, .fingerprint = layout->fingerprint, .learner_id = learner, .region = "r0",
                   .fragment = fragment, .seq = seq, .base_version = base, .inner_steps = 10,
                   .tokens = static_cast<uint64_t>(10 * config.train.batch * config.model.context), .learner_step = seq};
-    auto tensors = fragment_tensors(setup.model, setup.layout, fragment);
-    for (auto& t : tensors) std::fill(t.values.begin(), t.values.end(), value);
+    std::vector<DenseTensor> tensors;
+    for (const auto& spec : layout->fragments.at(fragment))
+      tensors.push_back(DenseTensor{static_cast<uint32_t>(tensors.size()), spec.shape,
+                                    std::vector<float>(static_cast<size_t>(spec.numel()), value)});
     return encode_delta(h, std::span<const DenseTensor>(tensors), CodecOptions{.dtype = DType::F32});
   }
 
@@ -82,18 +85,23 @@ struct FaultRun {
     REQUIRE(producer.flush(20000) == 0);
   }
 
+  DecodeLimits limits() const { return run_decode_limits(config, *layout); }
+  LogContext context() const {
+    return LogContext{.kafka = kafka, .topics = topics, .config = &config, .layout = layout, .limits = limits()};
+  }
+
   std::vector<MergeRecord> records() const {
-    DecodeLimits limits{.run_id = run, .fingerprint = setup.layout.fingerprint, .layout = &setup.layout};
+    const DecodeLimits limits = this->limits();
     std::vector<MergeRecord> out;
     read_to_end(kafka, {topics.merges()}, [&](const ConsumedMessage& m) { out.push_back(decode_merge_record(m.value, limits)); },
                 30000);
     return out;
   }
-  // Merge records (with inputs) of one fragment.
+  // Merge records of one fragment (neither its genesis nor accounting-only records).
   std::vector<MergeRecord> merges_of(uint32_t fragment) const {
     std::vector<MergeRecord> out;
     for (auto& r : records())
-      if (r.fragment == fragment && !r.inputs.empty()) out.push_back(std::move(r));
+      if (r.fragment == fragment && is_merge(r)) out.push_back(std::move(r));
     return out;
   }
   // Every drop of one fragment's records, with its reason.
@@ -110,8 +118,10 @@ struct FaultRun {
       if (j.value("event", "") == event) ++n;
     return n;
   }
-  void wait_genesis(const std::string& id) const {
-    REQUIRE(testing::eventually([&] { return count(id, "genesis") == setup.layout.num_fragments(); }, 60s));
+  // Version 0 of every fragment, proposed as a learner does and committed by the running merger `id`.
+  void genesis(const std::string& id) const {
+    testing::propose_genesis(kafka, config);
+    CHECK(count(id, "genesis") == layout->num_fragments());
   }
   void stop_and_audit(testing::ChildProcess& merger) const {
     merger.signal(SIGTERM);
@@ -130,9 +140,10 @@ struct FaultRun {
 TEST_CASE("a merge whose commit fails and a recovery that fails lose no delta: the merger rebuilds and reads them again",
           "[merger][faults]") {
   FaultRun r("fail-commit", {"merger.quorum=1"});
-  // The first recovery (at the assignment) and the first merge commit fail.
-  auto merger = r.merger("M0", {{"DILOCO_FAULT_FAIL_RECOVERY", "1"}, {"DILOCO_FAULT_FAIL_COMMIT", "1"}});
-  r.wait_genesis("M0");
+  // The first recovery (at the assignment) and the first merge commit fail (commits 1 to 4 are the
+  // fragments' version 0).
+  auto merger = r.merger("M0", {{"DILOCO_FAULT_FAIL_RECOVERY", "1"}, {"DILOCO_FAULT_FAIL_COMMIT", "5"}});
+  r.genesis("M0");
   CHECK(r.count("M0", "recovery_failed") == 1);
   r.send({{0, r.delta("a", 0, 1, 0)}, {0, r.delta("b", 2, 1, 0)}});
   INFO(merger->log());
@@ -150,7 +161,7 @@ TEST_CASE("a merger restarted at a checkpoint does not merge a learner's progres
           "[merger][faults][recovery]") {
   FaultRun r("ckpt-base", {"merger.quorum=1", "merger.checkpoint_every=1"});
   auto merger = r.merger("M0");
-  r.wait_genesis("M0");
+  r.genesis("M0");
   r.send({{0, r.delta("a", 0, 1, 0)}});
   REQUIRE(testing::eventually([&] { return r.merges_of(0).size() == 1; }, 60s));
   merger->signal(SIGKILL);
@@ -160,7 +171,8 @@ TEST_CASE("a merger restarted at a checkpoint does not merge a learner's progres
   r.send({{0, r.delta("a", 0, 2, 0)}});
   merger = r.merger("M0");
   INFO(merger->log());
-  REQUIRE(testing::eventually([&] { return r.count("M0", "recovered") == 2 * r.setup.layout.num_fragments(); }, 60s));
+  // The first process recovered nothing (no version 0 yet), the second every fragment.
+  REQUIRE(testing::eventually([&] { return r.count("M0", "recovered") == r.layout->num_fragments(); }, 60s));
   std::this_thread::sleep_for(2s);  // time to read the delta and (wrongly) merge it
   r.stop_and_audit(*merger);  // the drop is in the clean stop's record
   CHECK(r.merges_of(0).size() == 1);
@@ -170,9 +182,7 @@ TEST_CASE("a merger restarted at a checkpoint does not merge a learner's progres
   CHECK(drops[2] == DropReason::Superseded);
 
   // The checkpoint was encoded before its record's offset was known; recovery finds the record.
-  LogContext ctx{.kafka = r.kafka, .topics = r.topics, .config = &r.config, .layout = &r.setup.layout,
-                 .genesis = genesis_of(r.config, r.setup),
-                 .limits = DecodeLimits{.run_id = r.run, .fingerprint = r.setup.layout.fingerprint, .layout = &r.setup.layout}};
+  const LogContext ctx = r.context();
   std::optional<LogPosition> produced_v1;
   for (const auto& m : read_merges(ctx, 0, -2))
     if (m.record.fragment == 0 && m.record.version == 1 && is_merge(m.record)) produced_v1 = m.position;
@@ -183,8 +193,29 @@ TEST_CASE("a merger restarted at a checkpoint does not merge a learner's progres
   CHECK(recovered.at(0).state.last_merge == produced_v1);
 }
 
+TEST_CASE("a version 0 whose commit fails is committed from the proposal read again", "[merger][faults][genesis]") {
+  FaultRun r("fail-genesis", {"merger.quorum=1"});
+  auto merger = r.merger("M0", {{"DILOCO_FAULT_FAIL_COMMIT", "1"}});
+  INFO(merger->log());
+  r.genesis("M0");
+  CHECK(r.count("M0", "genesis_failed") == 1);
+  r.send({{0, r.delta("a", 0, 1, 0)}});
+  REQUIRE(testing::eventually([&] { return r.merges_of(0).size() == 1; }, 60s));
+  r.stop_and_audit(*merger);
+  size_t genesis_records = 0;
+  for (const auto& record : r.records()) genesis_records += record.genesis;
+  CHECK(genesis_records == r.layout->num_fragments());  // one each, none from the failed commit
+}
+
 TEST_CASE("after an outage a learner's newest delta on a base is merged, not its oldest", "[merger][faults]") {
   FaultRun r("backlog", {"merger.quorum=1"});
+  {
+    // Version 0 first: a delta of a fragment without one is rejected.
+    auto first = r.merger("M0", {}, "M0-genesis");
+    testing::propose_genesis(r.kafka, r.config);
+    first->signal(SIGTERM);
+    REQUIRE(first->wait_exit(60s) == std::optional<int>(0));
+  }
   r.send({{0, r.delta("a", 0, 1, 0)}, {0, r.delta("a", 0, 2, 0)}, {0, r.delta("a", 0, 3, 0)}});
   std::this_thread::sleep_for(1500ms);  // older than the merger's catch-up age: a backlog
   auto merger = r.merger("M0");
@@ -206,7 +237,7 @@ TEST_CASE("a forged delta with a real learner's id, a duplicate and a delta in t
           "[merger][faults][hostile]") {
   FaultRun r("forged", {"merger.quorum=1"});
   auto merger = r.merger("M0");
-  r.wait_genesis("M0");
+  r.genesis("M0");
   const auto genuine = r.delta("a", 0, 100, 0);
   // A base from the future and a seq far above the learner's: dropped as invalid.
   r.send({{0, r.delta("a", 0, uint64_t{1} << 47, 99)}, {0, genuine}});
@@ -253,7 +284,7 @@ TEST_CASE("a merge whose result is not finite changes nothing: its input is reco
           "[merger][faults][hostile]") {
   FaultRun r("non-finite", {"merger.quorum=1"});
   auto merger = r.merger("M0");
-  r.wait_genesis("M0");
+  r.genesis("M0");
   // Finite on the wire (the decoder accepts it), but the outer step overflows to infinity.
   r.send({{0, r.delta("a", 0, 1, 0, 3e38f)}});
   INFO(merger->log());
@@ -273,14 +304,19 @@ TEST_CASE("a merge whose result is not finite changes nothing: its input is reco
 TEST_CASE("genesis and a clean stop commit the group's offsets in their transactions", "[merger][faults]") {
   FaultRun r("txn-offsets", {"merger.quorum=1"});
   auto merger = r.merger("M0");
-  r.wait_genesis("M0");
+  r.genesis("M0");
   const std::string group = "diloco." + r.run + ".mergers";
   auto committed = [&] {
     Consumer reader(ConsumerOptions{.kafka = r.kafka, .group_id = group});
     return reader.committed({{r.topics.deltas("r0"), 0, 0}, {r.topics.deltas("r0"), 1, 0}}, 10000);
   };
-  // The genesis transaction carried offsets (KIP-447: a zombie's genesis would be fenced).
-  for (const auto& tp : committed()) CHECK(tp.offset == 0);
+  // Each genesis transaction carried the consumed offset of its proposal: both partitions of the
+  // genesis topic hold two proposals (fragments 0 and 2, 1 and 3), so a restart reads none again.
+  Consumer reader(ConsumerOptions{.kafka = r.kafka, .group_id = group});
+  const auto genesis = reader.committed({{r.topics.genesis(), 0, 0}, {r.topics.genesis(), 1, 0}}, 10000);
+  REQUIRE(genesis.size() == 2);
+  CHECK(genesis[0].offset == 2);
+  CHECK(genesis[1].offset == 2);
   // A delta dropped after the last merge is accounted for by the stop record, whose transaction
   // moves the offset past it.
   r.send({{0, r.delta("a", 0, 1, 99)}});
@@ -289,20 +325,20 @@ TEST_CASE("genesis and a clean stop commit the group's offsets in their transact
   const auto offsets = committed();
   REQUIRE(offsets.size() == 2);
   CHECK(offsets[0].offset == 1);
-  CHECK(offsets[1].offset == 0);
+  CHECK(offsets[1].offset < 0);  // nothing was read from partition 1: no offset is committed for it
 }
 
 TEST_CASE("chunked deltas: whole ones merge, a lost, a duplicated and a tampered piece are rejected with their reason",
           "[merger][faults][chunks]") {
   FaultRun r("chunks", {"merger.quorum=1", "codec.chunk_bytes=4096"});
   auto merger = r.merger("M0");
-  r.wait_genesis("M0");
+  r.genesis("M0");
   // fp32 deltas of random values: about 120 KB, 30 pieces of 4 KiB each.
   auto delta = [&](const std::string& learner, uint64_t seq) {
-    DeltaHeader h{.run_id = r.run, .fingerprint = r.setup.layout.fingerprint, .learner_id = learner, .region = "r0",
+    DeltaHeader h{.run_id = r.run, .fingerprint = r.layout->fingerprint, .learner_id = learner, .region = "r0",
                   .fragment = 0, .seq = seq, .base_version = 0, .inner_steps = 10,
                   .tokens = static_cast<uint64_t>(10 * r.config.train.batch * r.config.model.context), .learner_step = seq};
-    auto tensors = fragment_tensors(r.setup.model, r.setup.layout, 0);
+    auto tensors = testing::HostModel(r.config, 1).fragment(*r.layout, 0);
     std::mt19937 rng(static_cast<uint32_t>(seq * 131 + learner.size()));
     std::normal_distribution<float> normal(0.0f, 1e-3f);
     for (auto& t : tensors)
@@ -361,7 +397,7 @@ TEST_CASE("chunked deltas: whole ones merge, a lost, a duplicated and a tampered
   auto offset_of = [&](size_t stream_index) { return offsets.at(static_cast<uint64_t>(mixed_index[stream_index])); };
 
   // The merger writes its rejections; wait for the three.
-  const DecodeLimits limits = run_decode_limits(r.config, r.setup.layout);
+  const DecodeLimits limits = r.limits();
   std::map<std::string, std::vector<int64_t>> rejected;
   auto read_rejected = [&] {
     rejected.clear();
@@ -424,7 +460,7 @@ TEST_CASE("recovery replays a long merge log through one reader, fetching the de
   // No checkpoint after version 0: a new owner replays every record.
   FaultRun r("windowed", {"merger.quorum=1", "merger.checkpoint_every=100000"});
   auto merger = r.merger("M0");
-  r.wait_genesis("M0");
+  r.genesis("M0");
   INFO(merger->log());
   constexpr uint64_t kMerges = 24;
   for (uint64_t v = 1; v <= kMerges; ++v) {
@@ -435,10 +471,8 @@ TEST_CASE("recovery replays a long merge log through one reader, fetching the de
   merger->wait_exit(30s);
 
   auto reader = std::make_shared<LogReader>(r.kafka);
-  LogContext ctx{.kafka = r.kafka, .topics = r.topics, .config = &r.config, .layout = &r.setup.layout,
-                 .genesis = genesis_of(r.config, r.setup),
-                 .limits = DecodeLimits{.run_id = r.run, .fingerprint = r.setup.layout.fingerprint, .layout = &r.setup.layout},
-                 .reader = reader};
+  LogContext ctx = r.context();
+  ctx.reader = reader;
   const auto recovered = recover_partition(ctx, 0, std::vector<uint32_t>{0, 2});
   const auto& f = recovered.at(0);
   size_t replayed = 0;
@@ -453,9 +487,10 @@ TEST_CASE("recovery replays a long merge log through one reader, fetching the de
 
 TEST_CASE("a rewind that fails after a failed merge is retried: no delta lost, none merged twice", "[merger][faults]") {
   FaultRun r("fail-rewind", {"merger.quorum=1"});
-  // The first merge commit fails, and so does the rewind that follows it (after its seeks).
-  auto merger = r.merger("M0", {{"DILOCO_FAULT_FAIL_COMMIT", "1"}, {"DILOCO_FAULT_FAIL_REWIND", "1"}});
-  r.wait_genesis("M0");
+  // The first merge commit (after the four of version 0) fails, and so does the rewind that
+  // follows it (after its seeks).
+  auto merger = r.merger("M0", {{"DILOCO_FAULT_FAIL_COMMIT", "5"}, {"DILOCO_FAULT_FAIL_REWIND", "1"}});
+  r.genesis("M0");
   INFO(merger->log());
   r.send({{0, r.delta("a", 0, 1, 0)}, {1, r.delta("b", 1, 1, 0)}});
   REQUIRE(testing::eventually([&] { return r.merges_of(0).size() == 1 && r.merges_of(1).size() == 1; }, 60s));
@@ -474,7 +509,7 @@ TEST_CASE("a merger killed and restarted under the same id owns its fragments ag
   // A dynamic member restarted here would wait for the dead process's 45 s session to time out.
   r.session_timeout_ms = 45000;
   auto first = r.merger("M0");
-  r.wait_genesis("M0");
+  r.genesis("M0");
   r.send({{0, r.delta("a", 0, 1, 0)}});
   REQUIRE(testing::eventually([&] { return r.merges_of(0).size() == 1; }, 60s));
   first->signal(SIGKILL);
@@ -493,7 +528,7 @@ TEST_CASE("a second live merger under the same id fences the first: the first st
           "[merger][faults][static]") {
   FaultRun r("fenced-instance", {"merger.quorum=1"});
   auto first = r.merger("M0");
-  r.wait_genesis("M0");
+  r.genesis("M0");
   r.send({{0, r.delta("a", 0, 1, 0)}});
   REQUIRE(testing::eventually([&] { return r.merges_of(0).size() == 1; }, 60s));
 

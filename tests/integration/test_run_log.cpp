@@ -5,6 +5,7 @@
 #include <catch2/catch.hpp>
 
 #include "core/codec/messages.h"
+#include "core/fragments/partition.h"
 #include "core/kafka/log_reader.h"
 #include "core/kafka/producer.h"
 #include "core/kafka/run_log.h"
@@ -14,14 +15,18 @@ using namespace diloco;
 
 namespace {
 
-// Three fragments of one small tensor each: with 2 partitions, fragments 0 and 2 share partition 0.
-const FragmentLayout kLayout{.fragments = {{{"a", {8}}}, {{"b", {8}}}, {{"c", {8}}}}, .fingerprint = 0x7a11};
+// Three fragments of one small tensor each (equal sizes go by name: a, b, c): with 2 partitions,
+// fragments 0 and 2 share partition 0.
+const auto kLayout = std::make_shared<const FragmentLayout>(
+    partition_tensors(std::vector<TensorSpec>{{"a", {8}}, {"b", {8}}, {"c", {8}}}, 3));
 
 FragmentState state_of(const std::string& run, uint32_t fragment, uint64_t version) {
   DenseTensor t{.index = 0, .shape = {8}};
   t.values.assign(8, static_cast<float>(version) + 0.25f * static_cast<float>(fragment));
-  return FragmentState{.run_id = run, .fingerprint = kLayout.fingerprint, .fragment = fragment, .version = version,
-                       .params = {t}, .momentum = {t}};
+  FragmentState state{.run_id = run, .fingerprint = kLayout->fingerprint, .fragment = fragment, .version = version,
+                      .params = {t}, .momentum = {t}};
+  state.layout = kLayout;
+  return state;
 }
 
 }  // namespace
@@ -53,8 +58,8 @@ TEST_CASE("a learner's start reads the newest state of each fragment from the en
   for (uint64_t v = 0; v < 50; ++v) write(1, v);
   REQUIRE(producer.flush(20000) == 0);
 
-  const DecodeLimits limits{.run_id = run, .fingerprint = kLayout.fingerprint, .layout = &kLayout};
-  StateScan tail = read_states(kafka, topics, limits);
+  const DecodeLimits limits{.run_id = run, .fingerprint = kLayout->fingerprint, .layout = kLayout.get()};
+  StateScan tail = read_states(kafka, topics, limits, 3);
   REQUIRE(tail.latest.size() == 3);
   CHECK(tail.latest.at(0).version == 3);
   CHECK(tail.latest.at(1).version == 49);
@@ -84,4 +89,28 @@ TEST_CASE("a learner's start reads the newest state of each fragment from the en
     CHECK(newest.at(p).first == tail.latest.at(p).version);
     CHECK(newest.at(p).second == tail.positions.at(p));
   }
+}
+
+TEST_CASE("a reader without the model reads the newest states with the layout they carry", "[kafka][state]") {
+  KafkaOptions kafka = testing::require_broker();
+  const std::string run = testing::unique_run_id("stateself");
+  RunTopics topics = testing::create_run(kafka, run, {"r0"}, 2);
+  Producer producer({.kafka = kafka}, nullptr);
+  for (uint32_t fragment = 0; fragment < 3; ++fragment)
+    for (uint64_t v = 0; v <= fragment + 1; ++v)
+      producer.produce({.topic = topics.state(), .partition = static_cast<int32_t>(fragment % 2),
+                        .key = std::to_string(fragment), .value = encode_fragment_state(state_of(run, fragment, v))},
+                       0, 10000);
+  REQUIRE(producer.flush(20000) == 0);
+  // As a merger after a restart, replay, or a learner of another model reads them: no layout.
+  const StateScan scan = read_states(kafka, topics, DecodeLimits{.run_id = run}, 3);
+  REQUIRE(scan.latest.size() == 3);
+  for (uint32_t p = 0; p < 3; ++p) {
+    INFO("fragment " << p);
+    CHECK(scan.latest.at(p).version == p + 1);
+    REQUIRE(scan.latest.at(p).layout != nullptr);
+    CHECK(scan.latest.at(p).layout->fingerprint == kLayout->fingerprint);
+    CHECK(scan.latest.at(p).layout->tensors == kLayout->tensors);
+  }
+  CHECK(scan.rejected == 0);
 }

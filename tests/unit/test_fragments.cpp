@@ -1,6 +1,7 @@
 // Fragment layout: greedy LPT bin-packing of the model's tensors into P fragments, and its
 // fingerprint.
 #include <catch2/catch.hpp>
+#include <xxhash.h>
 
 #include <algorithm>
 #include <map>
@@ -10,6 +11,7 @@
 #include "core/fragments/partition.h"
 
 using namespace diloco;
+using Catch::Matchers::Contains;
 
 namespace {
 
@@ -45,7 +47,7 @@ int64_t max_numel(const std::vector<TensorSpec>& tensors) {
 TEST_CASE("every tensor lands in exactly one fragment, in model order", "[fragments]") {
   const auto tensors = gpt_like(3, 32);
   for (uint32_t parts : {1u, 2u, 3u, 5u, 8u, static_cast<uint32_t>(tensors.size())}) {
-    const auto layout = partition_tensors(tensors, parts, "arch");
+    const auto layout = partition_tensors(tensors, parts);
     REQUIRE(layout.num_fragments() == parts);
     std::map<std::string, int> seen;
     for (uint32_t p = 0; p < parts; ++p) {
@@ -75,7 +77,7 @@ TEST_CASE("fragments are balanced within the greedy LPT bound", "[fragments]") {
       tensors.push_back({diloco::detail::concat("t", i), {1 + static_cast<int64_t>(rng() % 1000),
                                                    1 + static_cast<int64_t>(rng() % 8)}});
     const auto parts = 1 + static_cast<uint32_t>(rng() % n);
-    const auto layout = partition_tensors(tensors, parts, "random");
+    const auto layout = partition_tensors(tensors, parts);
     int64_t sum = 0;
     for (uint32_t p = 0; p < parts; ++p) {
       sum += layout.fragment_numel(p);
@@ -91,7 +93,7 @@ TEST_CASE("LPT places largest first into the smallest fragment, ties by name and
   // d -> 0 (8 < 10); e -> 1 (10 < 12). Each fragment then lists its tensors in model order.
   const std::vector<TensorSpec> tensors{
       {"e", {3}}, {"c", {5}}, {"a", {8}}, {"d", {4}}, {"b", {5}}};
-  const auto layout = partition_tensors(tensors, 2, "x");
+  const auto layout = partition_tensors(tensors, 2);
   const auto names = [&](uint32_t p) {
     std::vector<std::string> out;
     for (const auto& t : layout.fragments[p]) out.push_back(t.name);
@@ -103,8 +105,8 @@ TEST_CASE("LPT places largest first into the smallest fragment, ties by name and
 
 TEST_CASE("layout and fingerprint are stable and sensitive", "[fragments]") {
   const auto tensors = gpt_like(2, 16);
-  const auto a = partition_tensors(tensors, 4, "arch v1");
-  const auto b = partition_tensors(tensors, 4, "arch v1");
+  const auto a = partition_tensors(tensors, 4);
+  const auto b = partition_tensors(tensors, 4);
   REQUIRE(a.fragments == b.fragments);
   REQUIRE(a.fingerprint == b.fingerprint);
   REQUIRE(a.fingerprint != 0);
@@ -112,33 +114,142 @@ TEST_CASE("layout and fingerprint are stable and sensitive", "[fragments]") {
   SECTION("another shape changes it") {
     auto changed = tensors;
     changed[3].shape[0] += 1;
-    CHECK(partition_tensors(changed, 4, "arch v1").fingerprint != a.fingerprint);
+    CHECK(partition_tensors(changed, 4).fingerprint != a.fingerprint);
   }
   SECTION("another name changes it") {
     auto changed = tensors;
     changed[3].name += "_";
-    CHECK(partition_tensors(changed, 4, "arch v1").fingerprint != a.fingerprint);
-  }
-  SECTION("another architecture description changes it") {
-    CHECK(partition_tensors(tensors, 4, "arch v2").fingerprint != a.fingerprint);
+    CHECK(partition_tensors(changed, 4).fingerprint != a.fingerprint);
   }
   SECTION("another number of fragments changes it") {
-    CHECK(partition_tensors(tensors, 3, "arch v1").fingerprint != a.fingerprint);
+    CHECK(partition_tensors(tensors, 3).fingerprint != a.fingerprint);
   }
   SECTION("another model order changes it") {
     auto changed = tensors;
     std::swap(changed[2], changed[3]);
-    CHECK(partition_tensors(changed, 4, "arch v1").fingerprint != a.fingerprint);
+    CHECK(partition_tensors(changed, 4).fingerprint != a.fingerprint);
   }
 }
 
 TEST_CASE("bad fragment counts and duplicate names are invalid input", "[fragments]") {
   const auto tensors = gpt_like(1, 8);
-  CHECK_THROWS_AS(partition_tensors(tensors, 0, "x"), InvalidInput);
-  CHECK_THROWS_AS(partition_tensors(tensors, static_cast<uint32_t>(tensors.size()) + 1, "x"),
+  CHECK_THROWS_AS(partition_tensors(tensors, 0), InvalidInput);
+  CHECK_THROWS_AS(partition_tensors(tensors, static_cast<uint32_t>(tensors.size()) + 1),
                   InvalidInput);
-  CHECK_THROWS_AS(partition_tensors({}, 1, "x"), InvalidInput);
+  CHECK_THROWS_AS(partition_tensors({}, 1), InvalidInput);
   auto duplicated = tensors;
   duplicated.push_back(tensors.front());
-  CHECK_THROWS_AS(partition_tensors(duplicated, 2, "x"), InvalidInput);
+  CHECK_THROWS_AS(partition_tensors(duplicated, 2), InvalidInput);
+}
+
+TEST_CASE("the layout keeps every tensor in registration order", "[fragments]") {
+  const auto tensors = gpt_like(2, 8);
+  CHECK(partition_tensors(tensors, 3).tensors == tensors);
+}
+
+// The fingerprint is part of the wire contract: a learner in another language must compute it
+// from the same text. Written out here by hand: strings length-prefixed, shapes as "[d,d]".
+TEST_CASE("the fingerprint is XXH64 of the canonical text of the tensors and the layout", "[fragments]") {
+  const std::vector<TensorSpec> tensors{{"ab", {2, 3}}, {"c", {4}}, {"d", {}}};
+  // LPT: ab (6) -> 0, c (4) -> 1, d (1) -> 1.
+  const std::string text =
+      "diloco fragment layout v2\n"
+      "tensors 3\n2:ab [2,3]\n1:c [4]\n1:d []\n"
+      "fragments 2\n"
+      "fragment 0\n2:ab [2,3]\n"
+      "fragment 1\n1:c [4]\n1:d []\n";
+  CHECK(partition_tensors(tensors, 2).fingerprint == XXH64(text.data(), text.size(), 0));
+}
+
+TEST_CASE("the fingerprint depends on nothing but the names, shapes, order and fragment count", "[fragments]") {
+  const auto tensors = gpt_like(2, 16);
+  const uint64_t fingerprint = partition_tensors(tensors, 4).fingerprint;
+  // The same list built anew (another container, other strings) in another call.
+  std::vector<TensorSpec> rebuilt;
+  for (const auto& t : tensors) rebuilt.push_back(TensorSpec{std::string(t.name.begin(), t.name.end()), t.shape});
+  CHECK(partition_tensors(std::span<const TensorSpec>(rebuilt.data(), rebuilt.size()), 4).fingerprint == fingerprint);
+  // Neither the values nor the process that registers them go in: the list is all there is.
+  CHECK(partition_tensors(gpt_like(2, 16), 4).fingerprint == fingerprint);
+  CHECK(partition_tensors(gpt_like(2, 17), 4).fingerprint != fingerprint);
+}
+
+TEST_CASE("a tensor list is refused with a message naming the tensor", "[fragments]") {
+  std::vector<TensorSpec> tensors{{"a", {2, 3}}, {"b", {4}}, {"c", {5}}};
+  auto refusal = [](const std::vector<TensorSpec>& list) {
+    try {
+      (void)partition_tensors(list, 1);
+    } catch (const InvalidInput& e) {
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  REQUIRE(refusal(tensors) == "accepted");
+
+  SECTION("an empty name: its position") {
+    tensors[1].name.clear();
+    CHECK_THAT(refusal(tensors), Contains("tensor 1 ") && Contains("1 to 1024 bytes, not 0"));
+  }
+  SECTION("a name longer than kMaxTensorName: its beginning and its length") {
+    tensors[2].name = "blocks.0." + std::string(kMaxTensorName, 'x');
+    CHECK_THAT(refusal(tensors), Contains("'blocks.0.xxxx") && Contains(std::to_string(kMaxTensorName + 9)));
+    tensors[2].name = std::string(kMaxTensorName, 'x');
+    CHECK(refusal(tensors) == "accepted");
+  }
+  SECTION("a dimension below 1") {
+    tensors[0].shape = {2, 0};
+    CHECK_THAT(refusal(tensors), Contains("tensor 'a' has shape [2,0]"));
+    tensors[0].shape = {-3};
+    CHECK_THAT(refusal(tensors), Contains("tensor 'a' has shape [-3]"));
+  }
+  SECTION("more than kMaxTensorDims dimensions") {
+    tensors[1].shape = std::vector<int64_t>(kMaxTensorDims + 1, 1);
+    CHECK_THAT(refusal(tensors), Contains("tensor 'b' has 9 dimensions, at most 8"));
+    tensors[1].shape = std::vector<int64_t>(kMaxTensorDims, 1);
+    CHECK(refusal(tensors) == "accepted");
+  }
+  SECTION("more values than one tensor may have") {
+    tensors[2].shape = {int64_t{1} << 21, int64_t{1} << 20};
+    CHECK_THAT(refusal(tensors), Contains("tensor 'c' has shape [2097152,1048576]"));
+  }
+  SECTION("a name given twice") {
+    tensors[2].name = "a";
+    CHECK_THAT(refusal(tensors), Contains("tensor name 'a' appears twice"));
+  }
+}
+
+TEST_CASE("describe_difference names the first tensor that differs", "[fragments]") {
+  const std::vector<TensorSpec> run{{"a", {3, 4}}, {"b", {4}}, {"c", {2}}};
+  CHECK(describe_difference(run, run).empty());
+
+  SECTION("another shape") {
+    auto here = run;
+    here[1].shape = {5};
+    CHECK(describe_difference(run, here) == "tensor 'b' is [4] in the run, [5] here");
+  }
+  SECTION("a tensor of the run missing here") {
+    const std::vector<TensorSpec> here{run[0], run[1]};
+    CHECK(describe_difference(run, here) == "tensor 'c' [2] of the run is missing here (3 tensors in the run, 2 here)");
+  }
+  SECTION("a tensor that is not in the run") {
+    auto here = run;
+    here.push_back({"d", {1, 1}});
+    CHECK(describe_difference(run, here) == "tensor 'd' [1,1] is not in the run (3 tensors in the run, 4 here)");
+  }
+  SECTION("the same tensors in another order") {
+    const std::vector<TensorSpec> here{run[0], run[2], run[1]};
+    CHECK(describe_difference(run, here) ==
+          "the tensors are registered in another order: position 1 is 'b' in the run, 'c' here");
+  }
+  SECTION("several differences: the first in the run's order") {
+    auto here = run;
+    here[2].shape = {7};
+    here[0].shape = {4, 3};
+    CHECK(describe_difference(run, here) == "tensor 'a' is [3,4] in the run, [4,3] here");
+  }
+}
+
+TEST_CASE("shape_text writes a shape as messages do", "[fragments]") {
+  CHECK(shape_text(std::vector<int64_t>{3, 4}) == "[3,4]");
+  CHECK(shape_text(std::vector<int64_t>{7}) == "[7]");
+  CHECK(shape_text(std::vector<int64_t>{}) == "[]");
 }

@@ -229,3 +229,77 @@ TEST_CASE("rebase right after a cut is an overwrite", "[learner]") {
   CHECK_FALSE(f.must_wait(1));
   CHECK_THROWS_AS(f.rebase(5, 0, tensors(1, 1), {}), InvalidInput);
 }
+
+TEST_CASE("save keeps everything the next cut and rebase need, and restore gives it back", "[learner][learner_state]") {
+  FragmentTrack f(tensors(127, 0.25f), 6, 77);
+  for (int i = 0; i < 3; ++i) f.count_step(10);
+  // delta (127, 0.25) in int8 -> sent (127, 0), 0.25 held back after the cut.
+  CHECK(sent(f.cut(values(0, 0), DType::INT8, 64)) == std::vector<float>{127, 0});
+  for (int i = 0; i < 2; ++i) f.count_step(10);
+
+  const FragmentTrack::Saved saved = f.save();
+  CHECK(saved.version == 6);
+  CHECK(saved.checksum == 77);
+  REQUIRE(saved.anchor.size() == 1);
+  CHECK(saved.anchor[0].values == std::vector<float>{127, 0.25f});
+  CHECK(saved.carried == std::vector<std::vector<float>>{{0, 0}});
+  CHECK(saved.last_cut == std::vector<std::vector<float>>{{0, 0.25f}});
+  CHECK(saved.sent_on_base);
+  CHECK(saved.steps == 5);
+  CHECK(saved.tokens == 50);
+  CHECK(saved.cut_point == std::vector<std::vector<float>>{{0, 0}});
+  CHECK(saved.steps_at_cut == 3);
+  CHECK(saved.tokens_at_cut == 30);
+
+  FragmentTrack r = FragmentTrack::restore(saved);
+  CHECK(r.version() == 6);
+  CHECK(r.checksum() == 77);
+  CHECK(r.steps() == 5);
+  CHECK(r.sent_on_base());
+  // Version 7 arrives: (100, 0) + the progress since the cut, (0.5, 1) - (0, 0); the two steps
+  // since the cut stay counted, and the held-back 0.25 is carried into the new base.
+  const auto model = r.rebase(7, 0, tensors(100, 0), tensors(0.5f, 1));
+  CHECK(model[0].values == std::vector<float>{100.5f, 1});
+  CHECK(r.steps() == 2);
+  CHECK(r.tokens() == 20);
+  CHECK(r.carried_residual() == std::vector<std::vector<float>>{{0, 0.25f}});
+  // The next delta: (100, 0) - (99.5, 1) + (0, 0.25), after those two steps.
+  CutDelta next = r.cut(values(99.5f, 1), DType::F32, 64);
+  CHECK(sent(next) == std::vector<float>{0.5f, -0.75f});
+  CHECK(next.base_version == 7);
+  CHECK(next.inner_steps == 2);
+  CHECK(next.tokens == 20);
+}
+
+TEST_CASE("a track saved after an adoption that followed a cut restores", "[learner][learner_state]") {
+  FragmentTrack f(tensors(10, 10), 3);
+  for (int i = 0; i < 4; ++i) f.count_step(8);
+  f.cut(values(8, 12), DType::F32, 64);
+  f.adopt(4, 0, tensors(9, 11));
+  f.count_step(8);
+  FragmentTrack r = FragmentTrack::restore(f.save());
+  CHECK(r.version() == 4);
+  CHECK(r.steps() == 1);
+  CHECK_FALSE(r.sent_on_base());
+  CHECK(sent(r.cut(values(9, 10), DType::F32, 64)) == std::vector<float>{0, 1});
+}
+
+TEST_CASE("restore refuses a saved track whose parts do not agree with its anchor", "[learner][learner_state]") {
+  FragmentTrack f(tensors(1, 2), 0);
+  f.count_step(4);
+  f.cut(values(0, 0), DType::F32, 64);
+  const FragmentTrack::Saved good = f.save();
+  CHECK_NOTHROW(FragmentTrack::restore(good));
+  auto bad = good;
+  bad.carried = {{0}};
+  CHECK_THROWS_AS(FragmentTrack::restore(bad), InvalidInput);
+  bad = good;
+  bad.last_cut.clear();  // a cut on the base without its residual
+  CHECK_THROWS_AS(FragmentTrack::restore(bad), InvalidInput);
+  bad = good;
+  bad.cut_point = {{0, 0}, {0, 0}};
+  CHECK_THROWS_AS(FragmentTrack::restore(bad), InvalidInput);
+  bad = good;
+  bad.steps_at_cut = bad.steps + 1;
+  CHECK_THROWS_AS(FragmentTrack::restore(bad), InvalidInput);
+}

@@ -69,6 +69,25 @@ TEST_CASE("a tombstone removes an announcement, and a restarted learner with no 
   CHECK_FALSE(resume_point("a", records, 15000, true).restarted);
 }
 
+TEST_CASE("a learner that stopped cleanly is no live peer, and continues at the step its last announcement names",
+          "[learner][resume]") {
+  auto left = [](MemberRecord r) {
+    r.member->leaving = true;
+    return r;
+  };
+  std::vector<MemberRecord> records = {learner("a", 1000, 50), learner("b", 1000, 60), learner("c", 1000, 70),
+                                       left(learner("a", 2000, 57)),  // a's clean stop, at its real step
+                                       left(learner("b", 2100, 61))};
+  ResumePoint r = resume_point("a", records, 15000, false);
+  CHECK(r.restarted);
+  CHECK(r.step == 57);
+  CHECK(r.live_peers == 1);  // c; b left although its announcement is recent
+  CHECK(resume_point("a", records, 15000, true).step == 69);  // one below c, the only live peer
+  records.push_back(learner("b", 2200, 62));  // b restarted: live again
+  CHECK(resume_point("a", records, 15000, false).live_peers == 2);
+  CHECK(resume_point("a", records, 15000, true).step == 61);
+}
+
 TEST_CASE("a cut schedule started after s steps names the same fragments at the same steps as one started at 0",
           "[schedule][resume]") {
   const StreamingSchedule s{.sync_interval = 8, .num_fragments = 4, .offset = 0};

@@ -40,3 +40,15 @@ TEST_CASE("membership judges liveness by broker stamps, not by the learners' clo
   CHECK(m.observe("a", 1'017'100, member("a", Role::Learner, 0, 0.25f)) == 0.25f);
   CHECK(m.live_learners() == std::vector<std::string>{"a"});
 }
+
+TEST_CASE("a learner's last announcement of a clean stop removes it at once; a restart brings it back", "[merger]") {
+  Membership m(15);
+  CHECK(m.observe("a", 1'000'000, member("a", Role::Learner, 0)) == 0.5f);
+  CHECK(m.observe("b", 1'000'100, member("b", Role::Learner, 0)) == 0.5f);
+  Member leaving = member("a", Role::Learner, 0);
+  leaving.leaving = true;
+  CHECK_FALSE(m.observe("a", 1'000'200, leaving));  // its step time says nothing about a round
+  CHECK(m.live_learners() == std::vector<std::string>{"b"});
+  CHECK(m.observe("a", 1'003'000, member("a", Role::Learner, 0, 0.75f)) == 0.75f);
+  CHECK(m.live_learners() == std::vector<std::string>{"a", "b"});
+}

@@ -219,8 +219,8 @@ TEST_CASE("delayed Nesterov and CGAD states are rebuilt bit for bit from a check
   options.hyper.dn_activation = 0.2f;
   options.hyper.cgad_cutoff = 4;
   options.tensors = kLayout;
-  FragmentLayout layout{.fragments = {{}, kLayout}, .fingerprint = 7};
-  const DecodeLimits limits{.run_id = "run", .fingerprint = 7, .layout = &layout};
+  auto layout = std::make_shared<FragmentLayout>(FragmentLayout{.fragments = {{}, kLayout}, .fingerprint = 7});
+  const DecodeLimits limits{.run_id = "run", .fingerprint = 7, .layout = layout.get()};
 
   FragmentState genesis = genesis_state(rng);
   genesis.outer_state = initial_momentum(genesis.params);
@@ -252,6 +252,7 @@ TEST_CASE("delayed Nesterov and CGAD states are rebuilt bit for bit from a check
     record.merger_instance = "merger";
     log.records.push_back(decode_merge_record(encode_merge_record(record), limits));
     std::swap(state, next);
+    state.layout = layout;  // a checkpoint carries the run's layout
     states[state.version] = decode_fragment_state(encode_fragment_state(state), limits);
   }
   REQUIRE(state.outer_state.size() == kLayout.size());
@@ -275,4 +276,17 @@ TEST_CASE("delayed Nesterov and CGAD states are rebuilt bit for bit from a check
   const FragmentState from_old = rebuild(old_genesis, log, 0, MergeOptions{.tensors = kLayout}, checksums);
   CHECK(same_bits(from_old.outer_state, state.outer_state));
   CHECK(from_old.checksum == state.checksum);
+}
+
+TEST_CASE("a genesis record accounts for its proposal's position and for no learner's deltas", "[merger][genesis]") {
+  MergeRecord genesis{.run_id = "run", .fingerprint = 7, .fragment = 1, .version = 0, .prev_version = 0,
+                      .inputs = {DeltaRef{.position = {"diloco.run.genesis", 1, 4}, .learner_id = "a", .seq = 99}},
+                      .genesis = true};
+  FragmentState state;
+  account(state, genesis);
+  CHECK(state.recent == std::set<LogPosition>{{"diloco.run.genesis", 1, 4}});
+  // Learner a's deltas on version 0 are still to come: neither its seq nor a merged base is taken.
+  CHECK(state.accounted.empty());
+  CHECK(state.merged_bases.empty());
+  CHECK_FALSE(is_merge(genesis));
 }

@@ -9,6 +9,7 @@
 #include "core/errors.h"
 #include "core/codec/chunk.h"
 #include "core/fragments/message_budget.h"
+#include "core/fragments/partition.h"
 
 using namespace diloco;
 
@@ -43,9 +44,15 @@ TEST_CASE("message bounds hold for encoded messages of random values", "[budget]
   const int64_t n = 300 * 257 + 257 + 64 * 3 * 5;
   auto tensors = random_tensors(shapes, 1);
 
+  // A checkpoint carries the run's whole layout (names and shapes) besides its own fragment.
+  const auto layout = std::make_shared<const FragmentLayout>(partition_tensors(
+      std::vector<TensorSpec>{{"blocks.0.mlp.up.weight", shapes[0]}, {"blocks.0.mlp.up.bias", shapes[1]},
+                              {"blocks.0.attn.conv.weight", shapes[2]}},
+      1));
   FragmentState state;
   state.run_id = "budget";
-  state.fingerprint = 7;
+  state.fingerprint = layout->fingerprint;
+  state.layout = layout;
   state.params = tensors;
   state.momentum = random_tensors(shapes, 2);
   const auto state_bytes = encode_fragment_state(state, 1).size();
@@ -57,6 +64,12 @@ TEST_CASE("message bounds hold for encoded messages of random values", "[budget]
   const auto with_residual = encode_fragment_state(state, 1).size();
   CHECK(state_bytes_bound(n, shapes.size(), true, true) >= state_bytes_bound(n, shapes.size(), true) + 4 * n);
   CHECK(with_residual <= state_bytes_bound(n, shapes.size(), true, true));
+
+  // A proposal of version 0 holds one buffer: within the checkpoint's bound, which the decoders'
+  // limit covers.
+  GenesisProposal proposal{.run_id = "budget", .fingerprint = layout->fingerprint, .learner_id = "learner-0",
+                           .region = "eu", .fragment = 0, .seq = 1, .layout = layout, .tensors = tensors};
+  CHECK(encode_genesis_proposal(proposal, 1).size() <= state_bytes_bound(n, shapes.size(), false));
 
   FragmentParams params;
   params.run_id = "budget";

@@ -17,14 +17,18 @@
 #include "core/codec/compress.h"
 #include "core/codec/messages.h"
 #include "schemas/delta_generated.h"
+#include "tests/rejection.h"
 
 using namespace diloco;
+using testing::rejection;
 
 namespace {
 
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 constexpr float kInf = std::numeric_limits<float>::infinity();
 
+// By hand, with a made-up fingerprint: decoding with the reader's layout checks the fingerprint
+// and the fragments' shapes only (tests/unit/test_genesis_messages.cpp has self-described ones).
 FragmentLayout make_layout() {
   FragmentLayout layout;
   layout.fingerprint = 0xF1F2F3F4A5A6A7A8ull;
@@ -32,7 +36,13 @@ FragmentLayout make_layout() {
       {{"blocks.0.attn", {4, 33}}, {"blocks.0.norm", {7}}, {"blocks.0.mlp", {3, 1, 5}}},
       {{"head", {2, 2}}},
   };
+  layout.tensors = {layout.fragments[0][0], layout.fragments[0][1], layout.fragments[0][2], layout.fragments[1][0]};
   return layout;
+}
+
+// A checkpoint carries the run's layout.
+std::shared_ptr<const FragmentLayout> carried(const FragmentLayout& layout) {
+  return std::make_shared<const FragmentLayout>(layout);
 }
 
 DecodeLimits limits_for(const FragmentLayout& layout) {
@@ -90,19 +100,7 @@ std::vector<uint8_t> encode(const DeltaHeader& h, const std::vector<DenseTensor>
   return encode_delta(h, std::span<const DenseTensor>(tensors), options);
 }
 
-std::string rejection(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Rejection& r) {
-    return reject_reason_name(r.reason);
-  }
-  return "accepted";
-}
-
 std::string name(RejectReason r) { return reject_reason_name(r); }
-
-#define CHECK_REJECTS(expr, reason) \
-  CHECK(rejection([&] { (void)(expr); }) == name(RejectReason::reason))
 
 // decode_delta both ways, fp32 and int8/int4 kept as sent: the two must accept the same bytes or
 // reject them for the same reason. Returns (or throws) what the fp32 decoding does.
@@ -489,6 +487,7 @@ TEST_CASE("FragmentState round trip", "[codec][messages]") {
   FragmentState msg;
   msg.run_id = "run-1";
   msg.fingerprint = layout.fingerprint;
+  msg.layout = carried(layout);
   msg.fragment = 1;
   msg.version = 9;
   msg.params = dense_fragment(layout, 1, 31);
@@ -730,6 +729,51 @@ TEST_CASE("Member round trip", "[codec][messages]") {
   CHECK_REJECTS(decode_member(encode_member(msg), limits_for(layout)), BadFlatbuffer);
 }
 
+TEST_CASE("Member round trip of the incarnation and the leaving flag", "[codec][messages]") {
+  const auto layout = make_layout();
+  Member msg{.run_id = "run-1", .instance_id = "learner-3", .role = Role::Learner, .region = "eu", .step = 40};
+  // Older binaries send neither: incarnation 0, not leaving.
+  const Member plain = decode_member(encode_member(msg), limits_for(layout));
+  CHECK(plain.incarnation == 0);
+  CHECK_FALSE(plain.leaving);
+  msg.incarnation = 0x8000'0000'0000'0001ull;
+  msg.leaving = true;
+  const Member got = decode_member(encode_member(msg), limits_for(layout));
+  CHECK(got.incarnation == 0x8000'0000'0000'0001ull);
+  CHECK(got.leaving);
+  CHECK(got.step == 40);
+}
+
+TEST_CASE("MergeRecord round trip of a genesis record; one that is not version 0 from one proposal is rejected",
+          "[codec][messages]") {
+  const auto layout = make_layout();
+  MergeRecord msg = merge_record_of(layout, 0);
+  msg.prev_version = 0;
+  msg.genesis = true;
+  msg.inputs = {delta_ref("diloco.run-1.genesis", 1, 5, "learner-a", 1700000000000, 0, 0, 0, 0, 0.0)};
+  const MergeRecord got = decode_merge_record(encode_merge_record(msg), limits_for(layout));
+  CHECK(got.genesis);
+  CHECK(got.version == 0);
+  REQUIRE(got.inputs.size() == 1);
+  CHECK(got.inputs[0].position == LogPosition{"diloco.run-1.genesis", 1, 5});
+  CHECK(got.inputs[0].learner_id == "learner-a");
+  CHECK_FALSE(decode_merge_record(encode_merge_record(merge_record_of(layout, 3)), limits_for(layout)).genesis);
+
+  SECTION("another version") {
+    msg.version = 1;
+    CHECK_REJECTS(decode_merge_record(encode_merge_record(msg), limits_for(layout)), BadCounter);
+  }
+  SECTION("two inputs") {
+    msg.inputs.push_back(msg.inputs[0]);
+    msg.inputs[1].position.offset = 6;
+    CHECK_REJECTS(decode_merge_record(encode_merge_record(msg), limits_for(layout)), BadCounter);
+  }
+  SECTION("no input") {
+    msg.inputs.clear();
+    CHECK_REJECTS(decode_merge_record(encode_merge_record(msg), limits_for(layout)), BadCounter);
+  }
+}
+
 TEST_CASE("Rejected round trip keeps at most 256 bytes of payload", "[codec][messages]") {
   RejectedInput msg;
   msg.run_id = "run-1";
@@ -925,6 +969,7 @@ TEST_CASE("hostile FlatBuffers inside valid frames never crash", "[codec][reject
     FragmentState state;
     state.run_id = "run-1";
     state.fingerprint = layout.fingerprint;
+    state.layout = carried(layout);
     state.fragment = 1;
     state.params = params.tensors;
     state.momentum = params.tensors;
@@ -1189,6 +1234,7 @@ TEST_CASE("rejected: FragmentParams and FragmentState", "[codec][reject]") {
   FragmentState state;
   state.run_id = "run-1";
   state.fingerprint = layout.fingerprint;
+  state.layout = carried(layout);
   state.fragment = 1;
   state.params = params.tensors;
   state.momentum = params.tensors;

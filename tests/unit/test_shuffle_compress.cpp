@@ -11,8 +11,10 @@
 #include "core/codec/reject.h"
 #include "core/codec/shuffle.h"
 #include "core/errors.h"
+#include "tests/rejection.h"
 
 using namespace diloco;
+using testing::rejection;
 
 namespace {
 
@@ -30,15 +32,6 @@ std::vector<uint8_t> reference_shuffle(const std::vector<uint8_t>& in, size_t el
   for (size_t i = 0; i < n; ++i)
     for (size_t k = 0; k < elem; ++k) out[k * n + i] = in[i * elem + k];
   return out;
-}
-
-std::string rejection(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Rejection& r) {
-    return reject_reason_name(r.reason);
-  }
-  return "accepted";
 }
 
 std::string name(RejectReason r) { return reject_reason_name(r); }

@@ -49,13 +49,18 @@ TEST_CASE("the embedded topic definitions are broker_config/topics.def", "[kafka
 
 TEST_CASE("topics.def expands to the topics of ARCHITECTURE.md section 3", "[kafka]") {
   auto specs = run_topic_specs(builtin_topic_definitions(), "R1", {"eu", "us"}, 6, 1000);
-  REQUIRE(specs.size() == 6);
-  for (const char* name : {"diloco.R1.deltas.eu", "diloco.R1.deltas.us", "diloco.R1.merges", "diloco.R1.state"}) {
+  REQUIRE(specs.size() == 7);
+  for (const char* name : {"diloco.R1.deltas.eu", "diloco.R1.deltas.us", "diloco.R1.genesis", "diloco.R1.merges",
+                           "diloco.R1.state"}) {
     CHECK(find(specs, name).partitions == 6);
     CHECK(config_of(find(specs, name), "max.message.bytes") == "1000");
   }
   CHECK(config_of(find(specs, "diloco.R1.state"), "cleanup.policy") == "compact");
   CHECK(config_of(find(specs, "diloco.R1.deltas.eu"), "cleanup.policy") == "delete");
+  // Proposals of version 0 stay as long as the deltas: verify and audit read them.
+  CHECK(config_of(find(specs, "diloco.R1.genesis"), "cleanup.policy") == "delete");
+  CHECK(config_of(find(specs, "diloco.R1.genesis"), "retention.ms") == "-1");
+  CHECK(RunTopics{"R1"}.genesis() == "diloco.R1.genesis");
   CHECK(find(specs, "diloco.R1.members").partitions == 1);
   CHECK(config_of(find(specs, "diloco.R1.members"), "cleanup.policy") == "compact");
   // Liveness is judged on the broker's clock, not the learners'.

@@ -67,7 +67,9 @@ struct OriginalCursor {
 };
 
 // Every delta a record accounts for for good: merged, or dropped for a reason other than a stop.
+// A genesis record accounts for none: its one input is a proposal of version 0.
 std::vector<DeltaRef> accounted_refs(const MergeRecord& record) {
+  if (record.genesis) return {};
   std::vector<DeltaRef> out = record.inputs;
   for (const auto& d : record.dropped)
     if (d.reason != DropReason::PendingAtStop) out.push_back(d.delta);

@@ -87,7 +87,7 @@ TEST_CASE("invalid options are rejected", "[model]") {
 TEST_CASE("fragments round-trip through copy_fragment and write_fragment", "[model]") {
   Transformer m(kSmall, 5);
   const Transformer reference(kSmall, 5);
-  const auto layout = partition_tensors(m.tensor_specs(), 3, architecture(kSmall));
+  const auto layout = partition_tensors(m.tensor_specs(), 3);
 
   auto values = copy_fragment(m, layout, 1);
   REQUIRE(values.size() == layout.fragments[1].size());
@@ -109,7 +109,7 @@ TEST_CASE("fragments round-trip through copy_fragment and write_fragment", "[mod
 
 TEST_CASE("write_fragment and copy_fragment reject mismatched input", "[model]") {
   Transformer m(kSmall, 5);
-  const auto layout = partition_tensors(m.tensor_specs(), 2, architecture(kSmall));
+  const auto layout = partition_tensors(m.tensor_specs(), 2);
   auto values = copy_fragment(m, layout, 0);
 
   auto fewer = values;
@@ -122,7 +122,7 @@ TEST_CASE("write_fragment and copy_fragment reject mismatched input", "[model]")
   auto wider = kSmall;
   wider.width = 64;
   const Transformer other(wider, 5);
-  const auto other_layout = partition_tensors(other.tensor_specs(), 2, architecture(wider));
+  const auto other_layout = partition_tensors(other.tensor_specs(), 2);
   CHECK_THROWS_AS(copy_fragment(m, other_layout, 0), InvalidInput);
 }
 
@@ -162,37 +162,14 @@ TEST_CASE("every parameter gets a gradient", "[model]") {
   }
 }
 
-TEST_CASE("the seeded fragments and the layout come without a model, bit for bit those of build_model", "[model]") {
-  RunConfig config;
-  config.model.layers = 3;
-  config.model.width = 32;
-  config.model.heads = 4;
-  config.model.context = 16;
-  config.diloco.fragments = 3;
-  config.run.seed = 11;
-  const ModelSetup setup = build_model(config);
-  const FragmentLayout layout = build_layout(config);
-  CHECK(layout.fingerprint == setup.layout.fingerprint);
-  REQUIRE(layout.num_fragments() == 3);
-  // Any subset, in any order: each fragment's values are those of the seeded model's.
-  for (const std::vector<uint32_t>& wanted : {std::vector<uint32_t>{0, 1, 2}, {2}, {1}, {2, 0}}) {
-    const auto seeded = seeded_fragments(config, layout, wanted);
-    REQUIRE(seeded.size() == wanted.size());
-    for (uint32_t p : wanted) {
-      const auto expected = fragment_tensors(setup.model, setup.layout, p);
-      const auto& got = seeded.at(p);
-      REQUIRE(got.size() == expected.size());
-      for (size_t i = 0; i < got.size(); ++i) {
-        CHECK(got[i].shape == expected[i].shape);
-        CHECK(got[i].values == expected[i].values);
-      }
-      CHECK(genesis_state(config, layout, p, seeded.at(p)).checksum == genesis_state(config, setup, p).checksum);
-    }
+TEST_CASE("the built-in tensor list without libtorch is the model's own, and its layout the config's", "[model]") {
+  for (const ModelOptions& o : {kSmall, ModelOptions{.vocab = 96, .layers = 3, .width = 24, .heads = 3, .context = 5}}) {
+    const Transformer m(o, 1);
+    CHECK(builtin_tensor_specs(o) == m.tensor_specs());
   }
-  // Another seed gives other values.
-  RunConfig other = config;
-  other.run.seed = 12;
-  CHECK(seeded_fragments(other, layout, std::vector<uint32_t>{0}).at(0)[0].values !=
-        seeded_fragments(config, layout, std::vector<uint32_t>{0}).at(0)[0].values);
-  CHECK_THROWS_AS(seeded_fragments(config, layout, std::vector<uint32_t>{3}), InvalidInput);
+  // What diloco-learner registers for a config is what the merger and replay lay out without it.
+  const RunConfig config = load_run_config(DILOCO_SOURCE_DIR "/configs/tiny.toml", {});
+  const ModelSetup setup = build_model(config);
+  CHECK(setup.layout.fingerprint == partition_tensors(setup.model.tensor_specs(), config.diloco.fragments).fingerprint);
+  CHECK(setup.layout.tensors == setup.model.tensor_specs());
 }
