@@ -384,7 +384,7 @@ def add_python_learner_args(p):
     p.add_argument("--python-learners", type=int, default=0, metavar="N",
                    help=f"the last N learners run {TRAIN_PY} (a PyTorch loop joined through "
                         "decoupled_diloco.Session) with the project's Python instead of diloco-learner, with the "
-                        "same id, region, shard, budget and run folder (default 0); their speed factor must be 1")
+                        "same id, region, shard, budget, speed factor and run folder (default 0)")
     p.add_argument("--python-model", choices=("builtin", "conv"), default="builtin",
                    help="the Python learners' model: builtin, diloco-learner's transformer in PyTorch (shares a run "
                         "with diloco-learner; the default), or conv, a convolutional model of its own: every learner "
