@@ -6,7 +6,8 @@
 set -euo pipefail
 bin_dir=$1 module_dir=$2
 fail() { echo "FAIL: $*" >&2; exit 1; }
-links_torch() { ldd "$1" | grep -qi 'libtorch\|libc10'; }
+# ldd's output is read whole first: with pipefail, `ldd | grep -q` fails when grep stops reading early.
+links_torch() { local deps; deps=$(ldd "$1"); grep -qi 'libtorch\|libc10' <<<"$deps"; }
 
 links_torch "$bin_dir/diloco-learner" || fail "diloco-learner shows no libtorch in ldd: the check cannot see one"
 for binary in diloco-merger diloco-replay diloco-status; do

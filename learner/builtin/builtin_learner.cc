@@ -113,11 +113,12 @@ int BuiltinLearner::evaluate_global() {
   };
   Clock::time_point last_eval{};
   while (!stop_ && !out_of_budget()) {
-    runtime_.poll();
+    // Evaluate before polling, so the first evaluation is of the versions the evaluator started from.
     if (seconds_since(last_eval) >= o_.eval_interval_s) {
       last_eval = Clock::now();
       evaluate();
     }
+    runtime_.poll();
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
   // The last versions published before the stop: evaluate (and export) them too.
