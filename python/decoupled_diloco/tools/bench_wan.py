@@ -5,7 +5,7 @@ at several link rates, on the same model, seed and token budget.
 Run by bench/wan (or diloco-bench-wan) with the project's Python (standard library); needs root
 (scripts/wan-sim).
 
-    bench/wan --rates 2860kbit,715kbit --target 2.3          # the scaled rate and 4x lower (README)
+    bench/wan --rates 2860kbit,715kbit --target 2.3          # the scaled rate and 4x lower (docs/wan.md)
     bench/wan --modes decoupled --rates 2860kbit --dry-run   # the commands, nothing run
 
 Each run is one scripts/wan-sim on configs/tiny.toml (2 learners in regions eu and us, one merger and
@@ -195,7 +195,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="bench/wan", description=__doc__.split("\n\n")[0].replace("\n", " "))
     p.add_argument("--config", default="configs/tiny.toml")
     p.add_argument("--rates", default="2860kbit,715kbit",
-                   help="link rates, comma-separated, as tc writes them (default: the scaled rate of the README's "
+                   help="link rates, comma-separated, as tc writes them (default: the scaled rate of docs/wan.md's "
                         "'Scaling across regions' and 4x less)")
     p.add_argument("--modes", default="decoupled,sync,perstep", help="comma-separated of " + ", ".join(MODES))
     p.add_argument("--steps", type=int, default=400, help="steps per learner (the token budget; default 400)")
