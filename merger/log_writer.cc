@@ -7,8 +7,12 @@
 namespace diloco {
 
 LogWriter::LogWriter(const KafkaOptions& kafka, const std::string& transactional_id, const MergerTimeouts& timeouts,
-                     int fail_commit_at, std::function<void()> on_failed_delivery)
-    : t_(timeouts), fail_commit_at_(fail_commit_at), on_failed_delivery_(std::move(on_failed_delivery)) {
+                     int fail_commit_at, std::function<void()> on_failed_delivery,
+                     std::function<void()> on_injected_fault)
+    : t_(timeouts),
+      fail_commit_at_(fail_commit_at),
+      on_failed_delivery_(std::move(on_failed_delivery)),
+      on_injected_fault_(std::move(on_injected_fault)) {
   // A short transaction timeout: an instance killed mid-transaction holds back read_committed
   // readers of merges/state only until the broker aborts its transaction.
   ProducerOptions options{.kafka = kafka, .transactional_id = transactional_id, .transaction_timeout_ms = 10000};
@@ -37,8 +41,10 @@ std::optional<LogPosition> LogWriter::commit(std::span<const LogWrite> writes,
                          next_token_++, t_.produce_ms);
     });
   }
-  if (merge && ++merge_commits_ == fail_commit_at_)
+  if (merge && ++merge_commits_ == fail_commit_at_) {
+    if (on_injected_fault_) on_injected_fault_();
     throw Error("fault injection: commit " + std::to_string(merge_commits_) + " fails");
+  }
   if (!offsets.empty()) producer_->send_offsets_to_transaction(offsets, consumer.raw(), t_.send_offsets_ms);
   producer_->commit_transaction(t_.commit_ms);
   if (writes.empty()) return std::nullopt;

@@ -42,9 +42,10 @@ class LogWriter {
   // instance with the same transactional id. `on_failed_delivery` is told about a write Kafka
   // refused (the transaction cannot commit then; the merger rebuilds from the logs).
   // `fail_commit_at` > 0 makes that merge commit (see commit's `merge`) throw after its writes are
-  // produced: fault injection for tests (MergerFaults).
+  // produced: fault injection for tests (MergerFaults); `on_injected_fault` is told just before.
   LogWriter(const KafkaOptions& kafka, const std::string& transactional_id, const MergerTimeouts& timeouts,
-            int fail_commit_at, std::function<void()> on_failed_delivery);
+            int fail_commit_at, std::function<void()> on_failed_delivery,
+            std::function<void()> on_injected_fault = {});
 
   // One transaction: `writes` in order, then `offsets` of `consumer`'s group. Returns the log
   // position of writes[0] once Kafka acknowledged it (within record_ack_ms), else nullopt.
@@ -62,6 +63,7 @@ class LogWriter {
   const int fail_commit_at_;
   int merge_commits_ = 0;
   std::function<void()> on_failed_delivery_;
+  std::function<void()> on_injected_fault_;
   std::map<uint64_t, DeliveryReport> delivered_;  // token -> report, for the open transaction
   uint64_t next_token_ = 1;
   std::unique_ptr<Producer> producer_;

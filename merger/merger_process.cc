@@ -3,6 +3,7 @@
 #include <charconv>
 #include <chrono>
 #include <cmath>
+#include <csignal>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -126,6 +127,7 @@ class MergerProcess : public RebalanceListener {
   void stop_fragments();
   MergeRecord accounting_record(uint32_t p, std::vector<DroppedDelta> dropped) const;
   void log(nlohmann::json record);
+  void injected_fault();
   int32_t partition_of(uint32_t fragment) const { return static_cast<int32_t>(fragment % static_cast<uint32_t>(partitions_)); }
 
   const MergerOptions& o_;
@@ -136,6 +138,7 @@ class MergerProcess : public RebalanceListener {
   // Every recovery's reads of the logs, through one consumer made at the first recovery.
   mutable std::shared_ptr<LogReader> log_reader_;
   int recoveries_ = 0;  // recoveries attempted
+  int faults_fired_ = 0;  // injected faults so far (MergerFaults)
   int rewinds_ = 0;     // rewinds attempted
   // The run's model layout: from the checkpoints in `state`, or from the first proposal of version
   // 0 this merger commits; null until then (the merger holds no model of its own).
@@ -263,6 +266,12 @@ void MergerProcess::add_state_write(std::vector<LogWrite>& writes, const Fragmen
                     .chunk_bytes = o_.config.codec.chunk_bytes});
 }
 
+// Fault injection (MergerFaults): the stop a test times on the Nth injected fault arrives as a real
+// SIGTERM, handled before the fault is thrown.
+void MergerProcess::injected_fault() {
+  if (++faults_fired_ == faults_.stop_at) std::raise(SIGTERM);
+}
+
 void MergerProcess::forget_consumed() {
   next_offset_.clear();
   chunks_->clear();
@@ -273,8 +282,10 @@ void MergerProcess::recover(const std::set<int32_t>& partitions) {
   auto t0 = Clock::now();
   owned_.clear();
   awaiting_genesis_.clear();
-  if (++recoveries_ == faults_.fail_recovery)
+  if (++recoveries_ == faults_.fail_recovery) {
+    injected_fault();
     throw Unavailable("fault injection: recovery " + std::to_string(recoveries_) + " fails");
+  }
   if (!layout_)
     if (auto layout = read_run_layout(o_.kafka, topics_, o_.config, t_.metadata_ms)) adopt_layout(std::move(layout));
   for (int32_t partition : partitions) {
@@ -341,8 +352,10 @@ bool MergerProcess::ensure_recovered() {
       recover(assigned_);
       if (rewind_needed_) {
         consumer_->rewind_to_committed(t_.committed_offsets_ms);
-        if (++rewinds_ == faults_.fail_rewind)
+        if (++rewinds_ == faults_.fail_rewind) {
+          injected_fault();
           throw Unavailable("fault injection: rewind " + std::to_string(rewinds_) + " fails after its seeks");
+        }
         forget_consumed();
         rewind_needed_ = false;
         rewound = true;
@@ -362,10 +375,12 @@ bool MergerProcess::ensure_recovered() {
 }
 
 // Polls one delta and handles it once the owned fragments are current. Returns whether one was
-// handled.
+// handled. A stop that came before the recovery succeeded leaves the message unhandled: with no
+// trusted fragments it would be refused as another owner's, and its offset is not committed, so
+// the next owner reads it.
 bool MergerProcess::consume(int timeout_ms) {
   auto message = consumer_->poll(timeout_ms);
-  if (recover_needed_ && ensure_recovered()) return false;
+  if (recover_needed_ && (ensure_recovered() || recover_needed_)) return false;
   if (!message) return false;
   handle_delta(std::move(*message));
   return true;
@@ -855,7 +870,8 @@ int MergerProcess::run() {
   }
   plain_ = std::make_unique<Producer>(ProducerOptions{.kafka = kafka}, nullptr);
   writer_ = std::make_unique<LogWriter>(kafka, "diloco." + o_.config.run.id + ".merger." + o_.instance_id, t_,
-                                        faults_.fail_commit, [this] { request_recovery(true); });
+                                        faults_.fail_commit, [this] { request_recovery(true); },
+                                        [this] { injected_fault(); });
   {
     ConsumerOptions members_options{.kafka = kafka};
     members_options.kafka.client_id = o_.instance_id + "-members";
@@ -905,6 +921,10 @@ int MergerProcess::run() {
         }
       }
       ensure_recovered();
+      // Still needed only when a stop came first: what is held is not the logs' state (a merge
+      // that did not commit, or a failed recovery's leftovers), so nothing of it may be announced,
+      // served or written on the way out.
+      if (recover_needed_) break;
       reject_chunks(chunks_->expire(now() - t_.chunk_expiry_ms / 1000.0));
       auto t = Clock::now();
       if (t - last_announce > std::chrono::duration<double>(o_.announce_interval_s)) {
@@ -952,18 +972,30 @@ int MergerProcess::run() {
     }
     // Drain: deltas already in Kafka when the stop came are read and recorded as pending too,
     // until the partitions stay quiet for drain_quiet_ms (bounded by drain_ms).
-    auto drain_deadline = Clock::now() + std::chrono::milliseconds(t_.drain_ms);
-    auto quiet_since = Clock::now();
-    while (Clock::now() < drain_deadline &&
-           Clock::now() - quiet_since < std::chrono::milliseconds(t_.drain_quiet_ms)) {
-      auto message = consumer_->poll(t_.catch_up_poll_ms);
-      if (recover_needed_) break;  // the group moved partitions: the new owner reads them
-      if (message) {
-        handle_delta(std::move(*message));
-        quiet_since = Clock::now();
+    if (!recover_needed_) {
+      auto drain_deadline = Clock::now() + std::chrono::milliseconds(t_.drain_ms);
+      auto quiet_since = Clock::now();
+      while (Clock::now() < drain_deadline &&
+             Clock::now() - quiet_since < std::chrono::milliseconds(t_.drain_quiet_ms)) {
+        auto message = consumer_->poll(t_.catch_up_poll_ms);
+        if (recover_needed_) break;  // the group moved partitions: the new owner reads them
+        if (message) {
+          handle_delta(std::move(*message));
+          quiet_since = Clock::now();
+        }
       }
     }
-    stop_fragments();
+    if (recover_needed_) {
+      // A merger that cannot trust what it holds (a merge that did not commit, a failed recovery's
+      // leftovers, a new assignment not read yet) writes nothing on the way out: no stop record,
+      // no offsets. The next owner recovers from the logs and reads every delta held here again.
+      std::cerr << "merger " << o_.instance_id
+                << ": stopping before its fragments were rebuilt from the logs: it records nothing, and the next "
+                   "owner reads the deltas it held again\n";
+      log({{"event", "stop_unrecovered"}});
+    } else {
+      stop_fragments();
+    }
   } catch (const Fenced& e) {
     std::cerr << "merger " << o_.instance_id << ": fenced by a newer instance, stopping without committing: "
               << e.what() << "\n";
@@ -995,11 +1027,11 @@ MergerFaults MergerFaults::from_environment() {
     return n;
   };
   MergerFaults f{.fail_commit = read("DILOCO_FAULT_FAIL_COMMIT"), .fail_recovery = read("DILOCO_FAULT_FAIL_RECOVERY"),
-                 .fail_rewind = read("DILOCO_FAULT_FAIL_REWIND")};
-  if (f.fail_commit || f.fail_recovery || f.fail_rewind)
+                 .fail_rewind = read("DILOCO_FAULT_FAIL_REWIND"), .stop_at = read("DILOCO_FAULT_STOP_AT")};
+  if (f.fail_commit || f.fail_recovery || f.fail_rewind || f.stop_at)
     std::cerr << "diloco-merger: fault injection on (DILOCO_FAULT_FAIL_COMMIT=" << f.fail_commit
               << ", DILOCO_FAULT_FAIL_RECOVERY=" << f.fail_recovery << ", DILOCO_FAULT_FAIL_REWIND=" << f.fail_rewind
-              << "): for tests only\n";
+              << ", DILOCO_FAULT_STOP_AT=" << f.stop_at << "): for tests only\n";
   return f;
 }
 

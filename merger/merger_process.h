@@ -79,11 +79,13 @@ struct MergerOptions {
 // Nth merge commit of the process fail after its records are produced (the transaction is
 // aborted), DILOCO_FAULT_FAIL_RECOVERY=N makes the Nth recovery fail as if the broker were away,
 // DILOCO_FAULT_FAIL_REWIND=N makes the Nth rewind to the committed offsets fail after it moved
-// the consumer (the loop rebuilds and rewinds again).
+// the consumer (the loop rebuilds and rewinds again), DILOCO_FAULT_STOP_AT=N sends the process
+// SIGTERM at the instant its Nth injected fault fires (a stop timed inside a failure).
 struct MergerFaults {
   int fail_commit = 0;
   int fail_recovery = 0;
   int fail_rewind = 0;  // the Nth rewind fails after its seeks (the consumer has moved)
+  int stop_at = 0;      // SIGTERM at the Nth injected fault, before it is thrown
   static MergerFaults from_environment();
 };
 

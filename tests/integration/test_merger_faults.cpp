@@ -157,6 +157,85 @@ TEST_CASE("a merge whose commit fails and a recovery that fails lose no delta: t
   r.stop_and_audit(*merger);
 }
 
+namespace {
+
+// A merger stopped by the SIGTERM that its DILOCO_FAULT_STOP_AT sent inside a failure exits 0
+// having written nothing past the committed version 0 (no record continues a version the log
+// does not hold); a merger restarted under the same id then merges every delta the first held.
+void check_stop_inside_failure(FaultRun& r, testing::ChildProcess& first, const std::vector<uint32_t>& fragments) {
+  auto code = first.wait_exit(60s);
+  INFO(first.log());
+  REQUIRE(code.has_value());
+  CHECK(*code == 0);
+  CHECK(r.count("M0", "stop_unrecovered") == 1);
+  CHECK(r.count("M0", "stop_record") == 0);
+  for (const auto& record : r.records()) CHECK(record.version == 0);
+  auto second = r.merger("M0", {}, "M0-restart");
+  INFO(second->log());
+  const bool merged = testing::eventually([&] {
+    for (uint32_t p : fragments)
+      if (r.merges_of(p).size() != 1) return false;
+    return true;
+  }, 60s);
+  CHECK(merged);  // the held deltas were read again, not skipped past
+  r.stop_and_audit(*second);
+  for (uint32_t p : fragments) CHECK(r.merges_of(p).size() == 1);
+}
+
+}  // namespace
+
+TEST_CASE("a stop at the instant a merge's commit fails writes nothing, and the restarted merger merges the delta once",
+          "[merger][faults][stop]") {
+  FaultRun r("stop-failed-commit", {"merger.quorum=1"});
+  // Commit 5 is the first merge (1 to 4 are the fragments' version 0); the SIGTERM comes with it,
+  // while the merged version 1 is held in memory and not in the log.
+  auto merger = r.merger("M0", {{"DILOCO_FAULT_FAIL_COMMIT", "5"}, {"DILOCO_FAULT_STOP_AT", "1"}});
+  r.genesis("M0");
+  r.send({{0, r.delta("a", 0, 1, 0)}});
+  check_stop_inside_failure(r, *merger, {0});
+  CHECK(r.count("M0", "merge_failed") == 1);
+}
+
+TEST_CASE("a stop during a failed recovery writes no offsets past the deltas it held: the restart merges them",
+          "[merger][faults][stop]") {
+  FaultRun r("stop-failed-recovery", {"merger.quorum=1"});
+  // The first merge's commit fails, then the recovery after it (the second: the first was at the
+  // assignment) fails too, and the SIGTERM comes with that second fault.
+  auto merger = r.merger("M0", {{"DILOCO_FAULT_FAIL_COMMIT", "5"}, {"DILOCO_FAULT_FAIL_RECOVERY", "2"},
+                                {"DILOCO_FAULT_STOP_AT", "2"}});
+  r.genesis("M0");
+  r.send({{0, r.delta("a", 0, 1, 0)}, {0, r.delta("b", 2, 1, 0)}});
+  check_stop_inside_failure(r, *merger, {0, 2});
+  CHECK(r.count("M0", "merge_failed") == 1);
+  CHECK(r.count("M0", "recovery_failed") == 1);
+}
+
+TEST_CASE("audit names an accounting record that continues a version the log never reached", "[merger][faults][audit]") {
+  FaultRun r("audit-ahead", {"merger.quorum=1"});
+  auto merger = r.merger("M0");
+  r.genesis("M0");
+  r.stop_and_audit(*merger);  // a clean run: the audit passes
+  // What a merger stopped after a failed merge commit once wrote: an accounting-only record of
+  // fragment 0 at version 1, while the log holds only version 0.
+  MergeRecord ahead;
+  for (const auto& record : r.records())
+    if (record.genesis && record.fragment == 0) ahead = record;
+  REQUIRE(ahead.genesis);
+  ahead.genesis = false;
+  ahead.inputs.clear();
+  ahead.version = ahead.prev_version = 1;
+  Producer producer({.kafka = r.kafka}, nullptr);
+  producer.produce({.topic = r.topics.merges(), .partition = 0, .key = "0", .value = encode_merge_record(ahead)}, 0,
+                   10000);
+  REQUIRE(producer.flush(20000) == 0);
+  auto audit = testing::audit_run(r.kafka, r.config, {"r0"});
+  INFO(audit.report());
+  CHECK_FALSE(audit.ok());
+  REQUIRE(audit.problems.size() == 1);
+  CHECK_THAT(audit.problems[0], Catch::Contains("fragment 0 (accounting only) continues version 1 but the log "
+                                                "reached only version 0"));
+}
+
 TEST_CASE("a merger restarted at a checkpoint does not merge a learner's progress on that base again",
           "[merger][faults][recovery]") {
   FaultRun r("ckpt-base", {"merger.quorum=1", "merger.checkpoint_every=1"});

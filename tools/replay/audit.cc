@@ -76,6 +76,16 @@ RunAudit audit(const ReplayRun& run) {
             a.problems.push_back("fragment " + std::to_string(r.fragment) + ": version " + std::to_string(r.version) +
                                  " follows " + std::to_string(v.back().version));
           v.push_back({r.version, r.checksum, m.timestamp_ms});
+        } else {
+          // An accounting-only record is written at the version its merger held, which is the
+          // log's latest: one ahead of it was written from a state the log does not hold (a stop
+          // after a merge whose commit failed), and a merger restarted on it cannot continue.
+          const auto& v = a.versions[r.fragment];
+          const uint64_t reached = v.empty() ? 0 : v.back().version;
+          if (r.version != r.prev_version || (!v.empty() && r.version != reached) || (v.empty() && r.version != 0))
+            a.problems.push_back("record " + std::to_string(m.offset) + " of fragment " + std::to_string(r.fragment) +
+                                 " (accounting only) continues version " + std::to_string(r.version) +
+                                 " but the log reached only version " + std::to_string(reached));
         }
         for (const auto& in : r.inputs) {
           const Position key = position_key(in.position);
