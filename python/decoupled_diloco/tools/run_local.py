@@ -20,6 +20,7 @@ import signal
 import subprocess
 import sys
 import time
+import tomllib
 
 from . import repository
 
@@ -48,10 +49,49 @@ def load_config(bin_dir, path, overrides):
     return json.loads(r.stdout)
 
 
+def apply_overrides(text, overrides):
+    """`text` (a config file) with each `--set section.key=value` written into its table: the key's
+    line replaced, or added under the table's header, or a new table at the end; comments are
+    kept. Returns None when an override cannot be written so (a key of another depth, or a value
+    spread over several lines): the result is checked by reading it back."""
+    for override in overrides:
+        key, sep, value = override.partition("=")
+        parts = key.strip().split(".")
+        if not sep or len(parts) != 2 or not all(parts):
+            return None
+        section, name = parts
+        if (section, name) == ("run", "id"):
+            continue  # the run's id is written by write_run_config
+        line = f"{name} = {value.strip()}  # --set by scripts/run-local"
+        header = re.search(rf"(?m)^\[{re.escape(section)}\][ \t]*(#.*)?$", text)
+        if not header:
+            text = text.rstrip("\n") + f"\n\n[{section}]\n{line}\n"
+            continue
+        start = header.end()
+        following = re.search(r"(?m)^\[", text[start:])
+        end = start + following.start() if following else len(text)
+        block = text[start:end]
+        existing = re.compile(rf"(?m)^[ \t]*{re.escape(name)}[ \t]*=.*$")
+        block = existing.sub(lambda _: line, block, count=1) if existing.search(block) else "\n" + line + block
+        text = text[:start] + block + text[end:]
+    try:
+        parsed = tomllib.loads(text)
+        for override in overrides:
+            key, _, value = override.partition("=")
+            section, name = key.strip().split(".")
+            if (section, name) != ("run", "id") and parsed[section][name] != tomllib.loads(f"v = {value}")["v"]:
+                return None
+    except (tomllib.TOMLDecodeError, KeyError, ValueError):
+        return None
+    return text
+
+
 def write_run_config(config_path, overrides, run_id, out_path):
-    """The run's config as the processes ran it: the file with run.id set to the run's id, so that
-    `diloco-replay -c RUN_DIR/config.toml` and `diloco-sample` need no more options; the other
-    overrides are listed at the top (pass them again as --set)."""
+    """The run's config as the processes ran it: the file with run.id set to the run's id and every
+    --set override written into it, so that `diloco-replay -c RUN_DIR/config.toml` and
+    `diloco-sample` need no more options; the overrides are also listed at the top. An override
+    that cannot be written into the file is only listed there, with a warning (pass it again as
+    --set)."""
     with open(config_path) as f:
         text = f.read()
     id_line = f'id = "{run_id}"  # set by scripts/run-local'
@@ -64,6 +104,12 @@ def write_run_config(config_path, overrides, run_id, out_path):
     header = f"# {os.path.relpath(config_path, repository.root())} of the repository, as run by scripts/run-local"
     if overrides:
         header += " with " + " ".join(f"--set {o}" for o in overrides)
+        applied = apply_overrides(text, overrides)
+        if applied is None:
+            print(f"run-local: could not write {' '.join(overrides)} into {out_path}: pass them to diloco-replay "
+                  "again as --set", file=sys.stderr)
+        else:
+            text = applied
     with open(out_path, "w") as f:
         f.write(header + "\n" + text)
 

@@ -5,6 +5,7 @@ import importlib
 import os
 import subprocess
 import sys
+import tomllib
 import types
 
 import pytest
@@ -71,7 +72,8 @@ def test_run_config_names_the_run(tmp_path):
 
     header, body = written('[run]\nid = "demo"\nseed = 1\n', ["merger.quorum=2"])
     assert header.endswith("as run by scripts/run-local with --set merger.quorum=2")
-    assert body == ["[run]", 'id = "demo-1"  # set by scripts/run-local', "seed = 1"]
+    assert body == ["[run]", 'id = "demo-1"  # set by scripts/run-local', "seed = 1", "", "[merger]",
+                    "quorum = 2  # --set by scripts/run-local"]
     assert written("[run]\nseed = 1\n")[1] == ["[run]", 'id = "demo-1"  # set by scripts/run-local', "seed = 1"]
     assert written("[model]\nlayers = 2\n")[1] == ["[run]", 'id = "demo-1"  # set by scripts/run-local', "",
                                                    "[model]", "layers = 2"]
@@ -219,3 +221,33 @@ def test_diloco_learner_reads_a_cpp_learners_command_line(cluster):
         if argv[0].endswith("diloco-learner"):
             r = subprocess.run([*argv, "--print-config"], capture_output=True, text=True)
             assert r.returncode == 0, f"{name}: {r.stderr}"
+
+
+def test_run_config_holds_the_overrides(tmp_path, capsys):
+    """diloco-replay -c RUN_DIR/config.toml must see the config the processes ran: every --set
+    written into its table (a layout override such as model.width changes the fingerprint)."""
+    source, out = tmp_path / "in.toml", tmp_path / "out.toml"
+    source.write_text('[run]\nid = "demo"  # the run\n\n[model]\n# the width\nwidth = 32\nlayers = 2\n\n'
+                      '[train]\nbatch = 8\n')
+    overrides = ["model.width=64", "train.lr=0.01", "codec.dtype=\"int8\"", 'run.id="ignored"',
+                 "cluster.speed_factors=[1.0, 2.0]"]
+    run_local.write_run_config(str(source), overrides, "demo-1", str(out))
+    text = out.read_text()
+    config = tomllib.loads(text)
+    assert config["run"]["id"] == "demo-1"
+    assert config["model"] == {"width": 64, "layers": 2}
+    assert config["train"] == {"batch": 8, "lr": 0.01}
+    assert config["codec"] == {"dtype": "int8"}
+    assert config["cluster"] == {"speed_factors": [1.0, 2.0]}
+    assert "# the width\nwidth = 64  # --set by scripts/run-local\nlayers = 2" in text
+    assert capsys.readouterr().err == ""
+
+
+def test_run_config_lists_an_override_it_cannot_write(tmp_path, capsys):
+    source, out = tmp_path / "in.toml", tmp_path / "out.toml"
+    source.write_text("[cluster]\nspeed_factors = [\n  1.0,\n  2.0,\n]\n")
+    run_local.write_run_config(str(source), ["cluster.speed_factors=[3.0]"], "demo-1", str(out))
+    header, *body = out.read_text().splitlines()
+    assert header.endswith("with --set cluster.speed_factors=[3.0]")
+    assert tomllib.loads("\n".join(body))["cluster"]["speed_factors"] == [1.0, 2.0]
+    assert "could not write cluster.speed_factors=[3.0]" in capsys.readouterr().err
