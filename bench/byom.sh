@@ -7,22 +7,24 @@
 # and the single learner's at the same step; diloco-replay audit and verify of the run.
 #
 #   bench/byom.sh [--config configs/tiny.toml] [--learners 2] [--steps 1000] [--seeds 1,2,3]
-#                 [--set K=V ...] [--out DIR]
+#                 [--set K=V ...] [--out DIR] [--keep-topics]
 #
 # --steps also sets train.total_steps (the learning rate's cosine ends there, for both). The
 # cluster's learners evaluate nothing themselves (train.eval_every=0); the evaluator measures the
 # global model every cluster.eval_interval seconds and once more at the stop. Writes per seed the
 # evaluator's and the single learner's metrics.jsonl, run.json and the audit, plus summary.json
-# (every number below) and summary.txt into --out (default bench/results/byom-<date>).
+# (every number below) and summary.txt into --out (default bench/results/byom-<date>). The runs'
+# topics are deleted at the end unless --keep-topics.
 #
 # Needs a running broker (scripts/broker start), the build (build/bin, and the native module:
 # cmake --build build) and .venv (scripts/bootstrap).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 source "$ROOT/scripts/lib.sh"
+source "$ROOT/bench/lib.sh"
 need_python
 
-config="configs/tiny.toml" learners=2 steps=1000 seeds="1,2,3" out="" sets=()
+config="configs/tiny.toml" learners=2 steps=1000 seeds="1,2,3" out="" sets=() keep_topics=0
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --config) config="$2"; shift 2 ;;
@@ -31,7 +33,8 @@ while [[ $# -gt 0 ]]; do
     --seeds) seeds="$2"; shift 2 ;;
     --set) sets+=(--set "$2"); shift 2 ;;
     --out) out="$2"; shift 2 ;;
-    -h|--help) sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --keep-topics) keep_topics=1; shift ;;
+    -h|--help) sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) die "unknown option $1 (see --help)" ;;
   esac
 done
@@ -40,7 +43,7 @@ bin="${DILOCO_BIN_DIR:-$ROOT/build/bin}"
 out="${out:-$ROOT/bench/results/byom-$(date -u +%Y%m%d-%H%M)}"
 mkdir -p "$out"
 scratch="$(mktemp -d /tmp/diloco-byom.XXXXXX)"
-trap 'rm -rf "$scratch"' EXIT
+trap 'delete_topics; rm -rf "$scratch"' EXIT  # delete_topics: bench/lib.sh, for RUNS on BOOTSTRAP
 {
   echo "# bench/byom.sh $config --learners $learners --steps $steps --seeds $seeds ${sets[*]}"
   echo "# $(date -u +%FT%TZ) | $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ //')"
@@ -49,18 +52,21 @@ trap 'rm -rf "$scratch"' EXIT
 cat "$out/header.txt"
 
 IFS=, read -r -a seed_list <<<"$seeds"
+alone_every=$((steps % 100 == 0 ? 100 : steps))  # the single learner evaluates at step --steps
 for seed in "${seed_list[@]}"; do
   common=(--set "run.seed=$seed" --set "train.total_steps=$steps" "${sets[@]}")
   say "byom: seed $seed: $learners Python conv learners through the broker and the merger"
   DILOCO_BIN_DIR="$bin" scripts/run-local "$config" --learners "$learners" --python-learners "$learners" \
     --python-model conv --steps "$steps" --set train.eval_every=0 "${common[@]}" --run-dir "$scratch/cluster-$seed" \
     --no-report >"$scratch/cluster-$seed.out" 2>&1 || { tail -30 "$scratch/cluster-$seed.out" >&2; die "the cluster of seed $seed failed"; }
-  run_id="$("$DILOCO_PYTHON" -c 'import json,sys; print(json.load(open(sys.argv[1]))["run_id"])' "$scratch/cluster-$seed/run.json")"
+  read -r run_id BOOTSTRAP < <("$DILOCO_PYTHON" -c 'import json,sys; r = json.load(open(sys.argv[1])); print(r["run_id"], r["bootstrap"])' \
+    "$scratch/cluster-$seed/run.json")
+  RUNS+=("$run_id")
   replay=("$bin/diloco-replay" -c "$config" --run "$run_id" "${common[@]}")
   "${replay[@]}" audit --json >"$scratch/audit-$seed.json" || true
   "${replay[@]}" verify >"$scratch/verify-$seed.txt" 2>/dev/null || true
   say "byom: seed $seed: one conv learner alone"
-  "$DILOCO_PYTHON" examples/pytorch/train.py -c "$config" --model conv --standalone --steps "$steps" --eval-every 100 \
+  "$DILOCO_PYTHON" examples/pytorch/train.py -c "$config" --model conv --standalone --steps "$steps" --eval-every "$alone_every" \
     "${common[@]}" --id alone --run-dir "$scratch/alone-$seed" >"$scratch/alone-$seed.out" 2>&1 ||
     { tail -30 "$scratch/alone-$seed.out" >&2; die "the single learner of seed $seed failed"; }
   mkdir -p "$out/seed-$seed"

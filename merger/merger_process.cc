@@ -137,9 +137,9 @@ class MergerProcess : public RebalanceListener {
   mutable WorkPool pool_;  // shares each merge's arithmetic (live merges and recovery)
   // Every recovery's reads of the logs, through one consumer made at the first recovery.
   mutable std::shared_ptr<LogReader> log_reader_;
-  int recoveries_ = 0;  // recoveries attempted
+  int recoveries_ = 0;    // recoveries attempted
+  int rewinds_ = 0;       // rewinds attempted
   int faults_fired_ = 0;  // injected faults so far (MergerFaults)
-  int rewinds_ = 0;     // rewinds attempted
   // The run's model layout: from the checkpoints in `state`, or from the first proposal of version
   // 0 this merger commits; null until then (the merger holds no model of its own).
   std::shared_ptr<const FragmentLayout> layout_;

@@ -82,7 +82,7 @@ RunAudit audit(const ReplayRun& run) {
           // after a merge whose commit failed), and a merger restarted on it cannot continue.
           const auto& v = a.versions[r.fragment];
           const uint64_t reached = v.empty() ? 0 : v.back().version;
-          if (r.version != r.prev_version || (!v.empty() && r.version != reached) || (v.empty() && r.version != 0))
+          if (r.version != r.prev_version || r.version != reached)
             a.problems.push_back("record " + std::to_string(m.offset) + " of fragment " + std::to_string(r.fragment) +
                                  " (accounting only) continues version " + std::to_string(r.version) +
                                  " but the log reached only version " + std::to_string(reached));
