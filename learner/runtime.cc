@@ -28,6 +28,7 @@
 #include "learner/delta_publisher.h"
 #include "learner/fragment_track.h"
 #include "learner/param_inbox.h"
+#include "learner/refusal_watch.h"
 #include "learner/resume.h"
 
 namespace diloco {
@@ -141,6 +142,7 @@ struct LearnerRuntime::Impl {
   std::optional<CutSchedule> schedule;   // Train mode: when each fragment is next due
   std::unique_ptr<DeltaPublisher> publisher;
   std::unique_ptr<ParamInbox> inbox;
+  std::unique_ptr<RefusalWatch> refusals;  // Train mode: what the mergers dropped or refused of ours
   std::vector<FragmentParams> held_at_start;
   int partitions = 1;
   const uint64_t incarnation = draw_incarnation();
@@ -176,6 +178,9 @@ LearnerRuntime::Impl::Impl(RuntimeOptions options, std::vector<RegisteredTensor>
     for (const auto& spec : layout->fragments[p]) members[p].push_back(position.at(spec.name));
   if (o.learner_id.empty()) throw InvalidInput("the learner id is empty");
   if (o.region.empty()) throw InvalidInput("the region is empty");
+  if ((o.batch == 0) != (o.context == 0))
+    throw InvalidInput(detail::concat("batch ", o.batch, " and context ", o.context,
+                                      ": declare both (sequences per step, tokens per sequence) or neither"));
   if (o.learners == 0 || o.index >= o.learners)
     throw InvalidInput(detail::concat("learner index ", o.index, " must be below the number of learners ", o.learners));
   // A model whose fragments cannot travel is refused now, not when its first delta is sent.
@@ -539,6 +544,8 @@ void LearnerRuntime::Impl::heartbeat(bool force, bool leaving) {
   }
   m.incarnation = incarnation;
   m.leaving = leaving;
+  m.batch = o.batch;
+  m.context = o.context;
   publisher->submit_heartbeat(o.learner_id, encode_member(m));
 }
 
@@ -556,6 +563,10 @@ void LearnerRuntime::Impl::write_step_line(float loss) {
     record["deltas_in_flight"] = s.in_flight;
     record["deltas_waiting"] = s.waiting;
     record["bytes_sent"] = s.bytes_delivered;
+  }
+  if (refusals) {
+    record["deltas_dropped"] = refusals->dropped();
+    record["deltas_refused"] = refusals->refused();
   }
   if (inbox) {
     record["params_received"] = inbox->received();
@@ -647,6 +658,13 @@ bool LearnerRuntime::start() {
       ParamInboxOptions{.kafka = s.o.kafka, .topics = s.topics, .limits = s.limits(),
                         .endpoints = s.o.merger_endpoints, .held = std::move(s.held_at_start)},
       s.metrics);
+  if (s.o.mode == LearnerMode::Train)
+    s.refusals = std::make_unique<RefusalWatch>(
+        RefusalWatchOptions{.kafka = s.o.kafka, .topics = s.topics, .partitions = s.partitions,
+                            .learner_id = s.o.learner_id, .limits = s.limits(),
+                            .say = [&s](const std::string& text) { s.say(text); },
+                            .log = [&s](nlohmann::json record) { s.log(std::move(record)); }},
+        s.metrics);
   // A learner restarted under the same id continues where the run stands (learner/resume.h).
   std::map<uint32_t, uint64_t> current;
   if (s.o.mode != LearnerMode::EvalOnly) {
@@ -680,6 +698,11 @@ void LearnerRuntime::step(const StepReport& report) {
   auto& s = *impl_;
   DILOCO_ENFORCE(s.started && !s.closed, "LearnerRuntime::step() before start() or after close()");
   DILOCO_ENFORCE(s.o.mode != LearnerMode::EvalOnly, "LearnerRuntime::step() of an eval-only learner");
+  if (report.tokens == 0) throw InvalidInput("a step of 0 tokens: report the tokens (or samples) it trained on");
+  if (const uint64_t most = uint64_t{s.o.batch} * s.o.context; most > 0 && report.tokens > most)
+    throw InvalidInput(detail::concat("a step of ", report.tokens, " tokens, more than the ", s.o.batch, " sequences x ",
+                                      s.o.context, " tokens this learner declared (batch and context): the mergers "
+                                      "would refuse its deltas; declare the largest step it takes"));
   const auto entered = Clock::now();
   const double before = std::chrono::duration<double>(entered - s.last_step_end).count();
   const float loss = report.loss.value_or(std::numeric_limits<float>::quiet_NaN());
@@ -705,6 +728,7 @@ void LearnerRuntime::step(const StepReport& report) {
   if (std::isfinite(loss)) s.metrics.set("train_loss", loss);
   s.metrics.add("tokens_total", static_cast<double>(report.tokens));
   s.heartbeat();
+  if (s.refusals) s.refusals->poll();
   if (s.o.log_every > 0 && s.step % static_cast<uint64_t>(s.o.log_every) == 0)
     s.write_step_line(std::isfinite(loss) ? loss : s.last_loss);
   s.wait_for_merges(loss);

@@ -78,6 +78,12 @@ struct RuntimeOptions {
   // The client's step budget when it knows it (0: unknown): a synchronous wait is skipped once the
   // budget is spent, as no further inner step would need the merge.
   int64_t steps = 0;
+  // The shape of one inner step, announced in `members`: sequences per step and tokens per
+  // sequence (0: not declared). Mergers refuse a delta of this learner that claims more than
+  // inner_steps x batch x context tokens, and step() refuses a report of more than batch x context
+  // tokens; learners of different batch sizes share a run, each weighted by its real tokens.
+  uint32_t batch = 0;
+  uint32_t context = 0;
   double heartbeat_interval_s = 2;
   int log_every = 10;          // steps between `step` lines in metrics.jsonl
   std::string run_dir;         // metrics.jsonl goes here (created if missing; empty: no file)
@@ -136,7 +142,8 @@ class LearnerRuntime {
   bool start();
 
   // One inner step done: see the file comment. Call after the optimizer step, with no other call
-  // of the runtime running. Throws InternalError before start() or after close().
+  // of the runtime running. Throws InternalError before start() or after close(), InvalidInput
+  // (counting nothing) for 0 tokens or more than the declared batch x context.
   void step(const StepReport& report);
   // Between steps, or all the time in EvalOnly mode: adopts the versions that arrived and sends a
   // heartbeat when due. Returns how many fragments took a new version.

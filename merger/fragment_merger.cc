@@ -69,11 +69,6 @@ DroppedDelta FragmentMerger::record_drop(DroppedDelta dropped) {
 }
 
 std::optional<DroppedDelta> FragmentMerger::check(DeltaRef& ref, std::optional<double> norm) const {
-  if (bounds_.tokens_per_step && ref.tokens != ref.inner_steps * bounds_.tokens_per_step)
-    return DroppedDelta{ref, DropReason::Invalid,
-                        detail::concat(ref.tokens, " tokens in ", ref.inner_steps,
-                                       " inner steps, but the run's batch x context is ",
-                                       bounds_.tokens_per_step, " tokens per step")};
   if (norm && bounds_.max_norm_ratio > 0 && norms_.size() >= bounds_.norm_min) {
     std::vector<double> recent(norms_.begin(), norms_.end());
     std::nth_element(recent.begin(), recent.begin() + static_cast<std::ptrdiff_t>(recent.size() / 2), recent.end());
@@ -106,9 +101,19 @@ std::optional<DroppedDelta> FragmentMerger::check(DeltaRef& ref, std::optional<d
   return std::nullopt;
 }
 
-std::optional<DroppedDelta> FragmentMerger::offer(DeltaRef delta, DeltaTensors tensors, double now) {
+std::optional<DroppedDelta> FragmentMerger::offer(DeltaRef delta, DeltaTensors tensors, double now,
+                                                  std::optional<DeclaredBatch> declared) {
   if (state_ == MergerState::Stopped)
     throw InternalError(detail::concat("fragment ", fragment_, ": offer after stop"));
+  // Tokens never change, so unlike the checks below this one is made once, here.
+  if (declared && declared->tokens_per_step() > 0 &&
+      static_cast<unsigned __int128>(delta.tokens) >
+          static_cast<unsigned __int128>(delta.inner_steps) * declared->tokens_per_step())
+    return record_drop({delta, DropReason::Invalid,
+                        detail::concat(delta.tokens, " tokens in ", delta.inner_steps,
+                                       " inner steps, more than the ", declared->batch, " sequences x ",
+                                       declared->context, " tokens per step that learner ", delta.learner_id,
+                                       " announced")});
   std::optional<double> norm;
   if (bounds_.max_norm_ratio > 0) {
     const DeltaView view(tensors);

@@ -11,7 +11,8 @@
 // current state is a bug in the caller and throws InternalError.
 //
 // Pending set rules (offer), checked in this order:
-//   - tokens != inner_steps x the run's tokens per step      -> Invalid (InputBounds)
+//   - tokens above inner_steps x the batch x context its learner announced  -> Invalid
+//     (DeclaredBatch; fewer are fine: a step may train on shorter or fewer sequences)
 //   - L2 norm above max_norm_ratio x the median of the fragment's recent accepted deltas
 //                                                           -> Invalid (InputBounds)
 //   - base_version > current version                       -> Invalid ("base from the future")
@@ -48,10 +49,18 @@ const char* merger_state_name(MergerState);
 
 // Checks of well-formed deltas against the run, beyond what the strict decoder can know.
 struct InputBounds {
-  uint64_t tokens_per_step = 0;  // train.batch x model.context; 0: not checked
   double max_norm_ratio = 0;     // merger.max_norm_ratio; 0: no bound
   size_t norm_window = 16;       // the median is over this many recent accepted deltas
   size_t norm_min = 4;           // and the bound applies once there are this many
+};
+
+// What a learner announces of its inner steps in `members`: sequences per step and tokens per
+// sequence. A delta of it may claim at most inner_steps x batch x context tokens, so token
+// weighting counts the tokens learners really trained on, whatever their batch sizes.
+struct DeclaredBatch {
+  uint32_t batch = 0;
+  uint32_t context = 0;
+  uint64_t tokens_per_step() const { return uint64_t{batch} * context; }
 };
 
 // The DeltaRef of a decoded delta read at `position` (staleness and weight are filled in later).
@@ -83,8 +92,11 @@ class FragmentMerger {
 
   // Offers a decoded delta (decode_delta with DeltaValues::AsSent keeps an int4 delta at about
   // 0.53 bytes per value until its merge). Returns the delta dropped because of it, if any: the offered one or
-  // the pending one it replaced. Drops are also kept for the next MergePlan.
-  std::optional<DroppedDelta> offer(DeltaRef delta, DeltaTensors tensors, double now);
+  // the pending one it replaced. Drops are also kept for the next MergePlan. `declared`: what
+  // the delta's learner announced of its inner steps (none yet: its tokens are not bounded here,
+  // only by the decoder's limit).
+  std::optional<DroppedDelta> offer(DeltaRef delta, DeltaTensors tensors, double now,
+                                    std::optional<DeclaredBatch> declared = std::nullopt);
 
   // Advances COLLECTING -> GRACE -> MERGING as due and returns whether take_merge_inputs() is
   // allowed now (true in MERGING until the inputs are taken). `live_learners` is the set the

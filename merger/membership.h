@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "core/codec/messages.h"
+#include "merger/fragment_merger.h"
 
 namespace diloco {
 
@@ -27,12 +28,16 @@ class Membership {
 
   // Learners heard from within liveness_seconds of the newest stamp, by instance id.
   std::vector<std::string> live_learners() const;
+  // The shape of an inner step the learner declared in its newest announcement that declares
+  // one (kept after it leaves: its last deltas may still come). Empty: none read yet.
+  std::optional<DeclaredBatch> declared(const std::string& learner) const;
   int64_t now_us() const { return now_us_; }
 
  private:
   int64_t window_us_;
   int64_t now_us_ = 0;                     // the newest stamp read
   std::map<std::string, int64_t> heard_;  // learner id -> stamp of its latest heartbeat
+  std::map<std::string, DeclaredBatch> declared_;
 };
 
 }  // namespace diloco

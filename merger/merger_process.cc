@@ -110,7 +110,10 @@ class MergerProcess : public RebalanceListener {
   // is larger than codec.chunk_bytes, its pieces keyed "<fragment>/<index>" (the topic is
   // compacted by key, so each piece must keep its own key until the next checkpoint replaces it).
   void add_state_write(std::vector<LogWrite>& writes, const FragmentState& state);
-  void reject(const ConsumedMessage& message, const std::string& reason, const std::string& detail);
+  // `sender`: the learner id the input names, when a header could be read (its learner reads
+  // its own refusals from `rejected` by it).
+  void reject(const ConsumedMessage& message, const std::string& reason, const std::string& detail,
+              const std::string& sender = {});
   void merge(uint32_t p, const std::vector<std::string>& live);
   RoundTiming round_timing(const FragmentMerger& merger, const MergePlan& plan,
                            const std::vector<std::string>& live) const;
@@ -164,7 +167,7 @@ class MergerProcess : public RebalanceListener {
   std::map<std::pair<std::string, int32_t>, std::map<int64_t, int64_t>> spans_;
   void forget_consumed();  // the consumer moved: what was read is read again
   void reject(const LogPosition& at, size_t payload_size, const std::vector<uint8_t>& head, const std::string& reason,
-              const std::string& detail);
+              const std::string& detail, const std::string& sender = {});
   Membership membership_;
   zmq::context_t zmq_{1};
   std::unique_ptr<ParamsPublisher> publisher_;
@@ -420,15 +423,18 @@ void MergerProcess::on_revoked(const std::vector<TopicPartitionOffset>&) {
   forget_consumed();
 }
 
-void MergerProcess::reject(const ConsumedMessage& message, const std::string& reason, const std::string& detail) {
-  reject({message.topic, message.partition, message.offset}, message.value.size(), message.value, reason, detail);
+void MergerProcess::reject(const ConsumedMessage& message, const std::string& reason, const std::string& detail,
+                           const std::string& sender) {
+  reject({message.topic, message.partition, message.offset}, message.value.size(), message.value, reason, detail,
+         sender);
 }
 
 void MergerProcess::reject(const LogPosition& at, size_t payload_size, const std::vector<uint8_t>& head,
-                           const std::string& reason, const std::string& detail) {
+                           const std::string& reason, const std::string& detail, const std::string& sender) {
   metrics_.add("deltas_rejected_total", 1, {{"reason", reason}});
   RejectedInput r{.run_id = o_.config.run.id, .source = at, .reason = reason, .detail = detail,
-                  .rejected_by = o_.instance_id, .time_us = unix_us(), .payload_size = payload_size};
+                  .rejected_by = o_.instance_id, .time_us = unix_us(), .payload_size = payload_size,
+                  .sender = sender};
   r.payload_head.assign(head.begin(), head.begin() + std::min<size_t>(head.size(), 256));
   auto bytes = encode_rejected(r);
   plain_->try_produce({.topic = topics_.rejected(), .partition = 0, .key = "", .value = bytes}, 0);
@@ -460,18 +466,26 @@ void MergerProcess::handle_delta(ConsumedMessage record) {
   try {
     delta = decode_delta(message.value, limits(), DeltaValues::AsSent);
   } catch (const Rejection& e) {
-    reject(message, reject_reason_name(e.reason), e.what());
+    std::string sender;
+    try {
+      sender = peek_delta_header(message.value, limits()).learner_id;
+    } catch (const Rejection&) {
+      // a header that does not decode names nobody
+    }
+    reject(message, reject_reason_name(e.reason), e.what(), sender);
     return;
   }
   uint32_t p = delta.header.fragment;
+  const std::string sender = delta.header.learner_id;
   if (awaiting_genesis_.count(p)) {
-    reject(message, "no_genesis", no_genesis);
+    reject(message, "no_genesis", no_genesis, sender);
     return;
   }
   auto it = owned_.find(p);
   if (p % static_cast<uint32_t>(partitions_) != static_cast<uint32_t>(message.partition) || it == owned_.end()) {
     reject(message, "wrong_partition",
-           "fragment " + std::to_string(p) + " belongs in partition " + std::to_string(p % static_cast<uint32_t>(partitions_)));
+           "fragment " + std::to_string(p) + " belongs in partition " + std::to_string(p % static_cast<uint32_t>(partitions_)),
+           sender);
     return;
   }
   auto& f = it->second;
@@ -484,8 +498,12 @@ void MergerProcess::handle_delta(ConsumedMessage record) {
   }
   metrics_.add("deltas_received_total", 1, {{"region", delta.header.region}});
   metrics_.add("delta_wire_bytes_total", static_cast<double>(message.value.size()));
+  // The sender's announcement in `members` bounds its tokens; follow_members() ran in this loop,
+  // and a learner announces itself before its first delta, so it is normally known by now.
+  auto declared = membership_.declared(sender);
+  if (!declared) metrics_.add("deltas_tokens_unchecked_total", 1);
   auto dropped = f.merger->offer(delta_ref(delta.header, {message.topic, message.partition, message.offset}),
-                                 DeltaTensors(std::move(delta)), now());
+                                 DeltaTensors(std::move(delta)), now(), declared);
   if (dropped) metrics_.add("deltas_dropped_total", 1, {{"reason", drop_reason_name(dropped->reason)}});
 }
 
@@ -794,8 +812,16 @@ void MergerProcess::follow_members() {
         continue;
       }
     }
+    const std::string id = member ? member->instance_id : message->key;
+    const auto declared_before = membership_.declared(id);
     if (auto step_time = membership_.observe(message->key, message->timestamp_ms, member))
       grace_.observe_step_time(*step_time);
+    // What a learner declares of its inner steps bounds its deltas' tokens: said once, and again
+    // when it changes (a restart with another batch size).
+    if (auto declared = membership_.declared(id);
+        declared && (!declared_before || declared_before->batch != declared->batch ||
+                     declared_before->context != declared->context))
+      log({{"event", "learner_declared"}, {"learner", id}, {"batch", declared->batch}, {"context", declared->context}});
   }
 }
 

@@ -122,22 +122,26 @@ void print_table(const ClusterStatus& s, const StatusOptions& o) {
   if (mergers == 0) std::cout << "(no merger has announced itself)\n";
   std::cout << "\n"
             << std::setw(16) << "LEARNER" << std::setw(8) << "STATE" << std::setw(10) << "HEARTBEAT" << std::setw(8)
-            << "REGION" << std::setw(9) << "STEP" << std::setw(9) << "LOSS" << std::setw(10) << "TOK/S" << std::setw(12)
+            << "REGION" << std::setw(9) << "STEP" << std::setw(11) << "BATCH" << std::setw(9) << "LOSS" << std::setw(10)
+            << "TOK/S" << std::setw(12)
             << "SENT" << std::setw(12) << "RECEIVED" << "VERSIONS\n";
   size_t learners = 0;
   for (const auto& [id, m] : s.members) {
     if (m.role == Role::Merger) continue;
     ++learners;
     double age = age_seconds(s, m);
-    std::ostringstream heartbeat, loss, sent, received, versions;
+    std::ostringstream heartbeat, batch, loss, sent, received, versions;
     heartbeat << std::fixed << std::setprecision(1) << age << "s";
+    if (m.batch > 0) batch << m.batch << "x" << m.context;  // sequences x tokens per step
+    else batch << "-";
     loss << std::fixed << std::setprecision(3) << m.loss;
     sent << std::fixed << std::setprecision(2) << static_cast<double>(m.bytes_sent) / 1e6 << " MB";
     received << std::fixed << std::setprecision(2) << static_cast<double>(m.bytes_received) / 1e6 << " MB";
     for (size_t i = 0; i < m.fragment_versions.size(); ++i) versions << (i ? " " : "") << m.fragment_versions[i];
     std::string name = m.role == Role::Evaluator ? id + " (eval)" : id;
     std::cout << std::setw(16) << name << std::setw(8) << (age <= o.live_seconds ? "live" : "gone") << std::setw(10)
-              << heartbeat.str() << std::setw(8) << m.region << std::setw(9) << m.step << std::setw(9) << loss.str()
+              << heartbeat.str() << std::setw(8) << m.region << std::setw(9) << m.step << std::setw(11) << batch.str()
+              << std::setw(9) << loss.str()
               << std::setw(10) << static_cast<int64_t>(m.tokens_per_s) << std::setw(12) << sent.str() << std::setw(12) << received.str() << versions.str()
               << "\n";
   }
@@ -161,6 +165,7 @@ nlohmann::json to_json(const ClusterStatus& s, const StatusOptions& o) {
                        {"live", age <= o.live_seconds && (m.role != Role::Merger || !m.owned_fragments.empty())},
                        {"fragments", m.owned_fragments}, {"versions", m.fragment_versions}, {"step", m.step},
                        {"loss", m.loss}, {"tokens_per_s", m.tokens_per_s}, {"tokens", m.tokens},
+                       {"batch", m.batch}, {"context", m.context},
                        {"bytes_sent", m.bytes_sent}, {"bytes_received", m.bytes_received}});
   }
   nlohmann::json lag = nlohmann::json::array();

@@ -317,6 +317,9 @@ struct Member {
   float announce_interval_s = 0;  // mergers: seconds between announcements (0: not given)
   uint64_t incarnation = 0;  // drawn by each process at start (0 from older binaries)
   bool leaving = false;      // the last announcement of a clean stop
+  // Learners: sequences per inner step and tokens per sequence, as declared (0: not declared).
+  uint32_t batch = 0;
+  uint32_t context = 0;
 };
 
 std::vector<uint8_t> encode_member(const Member& msg);
@@ -333,6 +336,7 @@ struct RejectedInput {
   int64_t time_us = 0;
   uint64_t payload_size = 0;
   std::vector<uint8_t> payload_head;  // at most 256 bytes of the rejected payload
+  std::string sender;  // the learner id the input names (empty: none could be read)
 };
 
 std::vector<uint8_t> encode_rejected(const RejectedInput& msg);

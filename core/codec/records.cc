@@ -236,7 +236,7 @@ std::vector<uint8_t> encode_member(const Member& msg) {
       fbb, kSchemaVersion, run_id, instance_id, static_cast<wire::Role>(msg.role), region,
       endpoint, msg.epoch, owned, versions, msg.time_us, msg.step, msg.step_time_s,
       msg.tokens_per_s, msg.loss, msg.tokens, msg.bytes_sent, msg.bytes_received, checksums,
-      msg.announce_interval_s, msg.incarnation, msg.leaving);
+      msg.announce_interval_s, msg.incarnation, msg.leaving, msg.batch, msg.context);
   wire::FinishMemberBuffer(fbb, root);
   return compress_finished(fbb, 1);
 }
@@ -274,6 +274,8 @@ Member decode_member(std::span<const uint8_t> bytes, const DecodeLimits& limits)
     reject(RejectReason::BadFlatbuffer, detail::concat("announce interval ", out.announce_interval_s, " s"));
   out.incarnation = m.incarnation();
   out.leaving = m.leaving();
+  out.batch = m.batch();
+  out.context = m.context();
   return out;
 }
 
@@ -288,8 +290,9 @@ std::vector<uint8_t> encode_rejected(const RejectedInput& msg) {
   const auto rejected_by = fbb.CreateString(msg.rejected_by);
   const auto head = fbb.CreateVector(msg.payload_head.data(),
                                      std::min(msg.payload_head.size(), kMaxPayloadHead));
+  const auto sender = fbb.CreateString(msg.sender);
   const auto root = wire::CreateRejected(fbb, kSchemaVersion, run_id, source, reason, detail,
-                                         rejected_by, msg.time_us, msg.payload_size, head);
+                                         rejected_by, msg.time_us, msg.payload_size, head, sender);
   wire::FinishRejectedBuffer(fbb, root);
   return compress_finished(fbb, 1);
 }
@@ -312,6 +315,7 @@ RejectedInput decode_rejected(std::span<const uint8_t> bytes, const DecodeLimits
                             kMaxPayloadHead));
     out.payload_head = copy_vector(head);
   }
+  if (const auto* sender = m.sender()) out.sender = sender->str();
   return out;
 }
 

@@ -291,7 +291,8 @@ def main(argv: list[str] | None = None) -> int:
         with dd.Session(args.config, model.named_parameters(), learner_id=args.id, region=args.region,
                         bootstrap=args.bootstrap, overrides=args.set, run_dir=args.run_dir or None,
                         mode="eval" if args.eval_only else "train", index=args.index, learners=args.learners,
-                        total_steps=None if args.eval_only else args.steps or config["train"]["total_steps"]) as session:
+                        total_steps=None if args.eval_only else args.steps or config["train"]["total_steps"],
+                        batch=config["train"]["batch"], context=config["model"]["context"]) as session:
             run = evaluate_global if args.eval_only else train
             return run(args, config, model, corpus, session)
     except KeyboardInterrupt:

@@ -60,6 +60,8 @@ class BuiltinLearner {
   RuntimeOptions runtime_options() const {
     RuntimeOptions r = o_.runtime;
     r.steps = budget();
+    r.batch = static_cast<uint32_t>(o_.runtime.config.train.batch);
+    r.context = static_cast<uint32_t>(o_.runtime.config.model.context);
     r.should_stop = [this] { return stop_.load(); };
     return r;
   }

@@ -137,6 +137,11 @@ class Session:
         metrics_port: serve Prometheus metrics on 127.0.0.1:PORT/metrics (0: off).
         index, learners: this learner's index among ``learners`` (with ``diloco.stagger``).
         total_steps: the step budget when known: a synchronous mode skips the wait after it.
+        batch, context: the shape of one inner step, sequences per step and tokens per sequence
+            (give both or neither). Announced to the run: the mergers weigh each delta by the
+            tokens it claims and refuse one that claims more than its steps x batch x context;
+            :meth:`step` refuses a step of more tokens. Learners with different batch sizes share
+            a run this way. Without them the tokens a delta claims are not bounded by the mergers.
         connect_timeout: seconds to wait for the broker before :class:`UnavailableError`.
         genesis_timeout: seconds to wait for version 0 before :class:`UnavailableError`.
         log_every: steps between ``step`` lines in ``metrics.jsonl``.
@@ -155,9 +160,18 @@ class Session:
                  bootstrap: Optional[str] = None, overrides: Sequence[str] = (), mode: Mode = "train",
                  run_dir: Optional[PathLike] = None, metrics_port: int = 0, index: int = 0, learners: int = 1,
                  total_steps: Optional[int] = None, connect_timeout: float = 30.0, genesis_timeout: float = 600.0,
-                 log_every: int = 10, merger_endpoints: Sequence[str] = ()):
+                 log_every: int = 10, merger_endpoints: Sequence[str] = (), batch: Optional[int] = None,
+                 context: Optional[int] = None):
         if mode not in ("train", "eval"):
             raise InvalidInputError(f"mode must be 'train' or 'eval', not {mode!r}")
+        for name, value in (("batch", batch), ("context", context)):
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or
+                                      not 1 <= value < 2**32):
+                raise InvalidInputError(f"{name} must be a positive int (sequences per step, tokens per sequence), "
+                                        f"not {value!r}")
+        if (batch is None) != (context is None):
+            raise InvalidInputError(f"batch={batch!r} and context={context!r}: give both (sequences per step and "
+                                    f"tokens per sequence) or neither")
         self._closed = False
         self._runtime = None
         self._tensors = _registered(parameters)
@@ -170,6 +184,7 @@ class Session:
             "metrics_port": int(metrics_port), "index": int(index), "learners": int(learners),
             "total_steps": int(total_steps or 0), "genesis_timeout": float(genesis_timeout),
             "log_every": int(log_every), "merger_endpoints": list(merger_endpoints), "client": "python",
+            "batch": batch, "context": context,
         }
         self._runtime = _native().Runtime(
             os.fspath(config), [str(o) for o in overrides], [t.name for t in self._tensors],
@@ -204,8 +219,9 @@ class Session:
         (``diloco.wait_steps >= 0``) it waits for the merges due, as synchronous DiLoCo does.
 
         Args:
-            tokens: tokens (or samples) this step trained on, at least 1: a delta's weight counts
-                them, so learners with bigger batches weigh more.
+            tokens: tokens (or samples) this step trained on, at least 1 and at most batch x
+                context when the session declared them: a delta's weight counts them, so learners
+                with bigger batches weigh more.
             loss: the step's training loss, for metrics and heartbeats (a float; a tensor is
                 converted with ``float()``, which waits for the device).
         """

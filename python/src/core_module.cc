@@ -96,6 +96,8 @@ class Runtime {
     o.index = static_cast<uint32_t>(number("index", 0));
     o.learners = static_cast<uint32_t>(number("learners", 1));
     o.steps = static_cast<int64_t>(number("total_steps", 0));
+    o.batch = static_cast<uint32_t>(number("batch", 0));
+    o.context = static_cast<uint32_t>(number("context", 0));
     o.log_every = static_cast<int>(number("log_every", 10));
     o.heartbeat_interval_s = number("heartbeat_interval", o.heartbeat_interval_s);
     o.genesis_timeout = std::chrono::seconds(static_cast<int64_t>(number("genesis_timeout", 600)));

@@ -297,6 +297,12 @@ TEST_CASE("hostile deltas are rejected with a reason, written to `rejected`, and
   CHECK(reasons.count("wrong_fingerprint") == 1);
   CHECK(reasons.count("wrong_run_id") == 1);
   CHECK(reasons.count("non_finite") == 1);
+  // A refusal names the sender its header gives, so that learner can read why; a payload that
+  // is not even zstd names nobody.
+  for (const auto& r : rejected) {
+    INFO(r.reason);
+    CHECK(r.sender == (r.reason == "non_finite" ? "evil" : ""));
+  }
   CHECK(merger->running());
   CHECK(c.count("M0", "merge") == 0);  // nothing merged from them
   merger->signal(SIGTERM);

@@ -534,17 +534,8 @@ TEST_CASE("of two pending deltas of a learner the higher base wins, even with a 
 }
 
 TEST_CASE("well-formed deltas that do not fit the run are dropped as invalid and never become pending", "[merger]") {
-  InputBounds bounds{.tokens_per_step = 10, .max_norm_ratio = 100, .norm_window = 16, .norm_min = 4};
+  InputBounds bounds{.max_norm_ratio = 100, .norm_window = 16, .norm_min = 4};
   FragmentMerger m(0, 5, hyper(9), 0.0, {}, bounds);  // quorum 9: nothing merges here
-  // ref() says 100 tokens in 10 steps: 10 per step fits; 11 per step does not.
-  DeltaRef wrong_tokens = ref("a", 1, 5, 1);
-  wrong_tokens.tokens = 110;
-  const auto tokens = m.offer(wrong_tokens, tensors(1), 0.0);
-  REQUIRE(tokens);
-  CHECK(tokens->reason == DropReason::Invalid);
-  CHECK(tokens->detail.find("110 tokens in 10 inner steps") != std::string::npos);
-  CHECK(m.pending_learners() == 0);
-
   // The norm bound applies once 4 deltas were accepted: norm of tensors(v) is v * sqrt(2).
   for (int i = 0; i < 4; ++i) CHECK_FALSE(m.offer(ref("l" + std::to_string(i), 1, 5, 10 + i), tensors(1.0f + 0.1f * i), 0.0));
   CHECK_FALSE(m.offer(ref("b", 1, 5, 20), tensors(90), 0.0));  // 90x the median: within 100x
@@ -579,4 +570,55 @@ TEST_CASE("an abandoned merge merges nothing: the inputs come back as invalid dr
   // Base 4 of learner a was not merged: a later delta on it may still be.
   CHECK_FALSE(m.offer(ref("a", 8, 4, 2), tensors(1), 2.0));
   CHECK(m.offer(ref("a", 9, 2, 3), tensors(1), 2.0)->reason == DropReason::Superseded);
+}
+
+// Learners of different batch sizes share a run: each delta's tokens are bounded by what its own
+// learner announced (members), not by one batch size for all, and each weighs by its real tokens.
+TEST_CASE("a delta's tokens are bounded by its learner's announced batch x context, and weigh as they are",
+          "[merger]") {
+  FragmentMerger m(0, 5, hyper(9), 0.0);
+  // ref() says 100 tokens in 10 steps.
+  const DeclaredBatch small{.batch = 2, .context = 5};   // 10 tokens per step: 100 in 10 steps fits exactly
+  const DeclaredBatch tiny{.batch = 1, .context = 9};    // 9 per step: 100 is more than 90
+  const DeclaredBatch large{.batch = 64, .context = 5};  // 320 per step
+  CHECK_FALSE(m.offer(ref("a", 1, 5, 1), tensors(1), 0.0, small));
+  const auto over = m.offer(ref("b", 1, 5, 2), tensors(1), 0.0, tiny);
+  REQUIRE(over);
+  CHECK(over->reason == DropReason::Invalid);
+  CHECK(over->delta.learner_id == "b");
+  CHECK(over->detail == "100 tokens in 10 inner steps, more than the 1 sequences x 9 tokens per step that learner b "
+                        "announced");
+  DeltaRef big = ref("c", 1, 5, 3);
+  big.tokens = 3200;  // 10 steps of 64 x 5
+  CHECK_FALSE(m.offer(big, tensors(1), 0.0, large));
+  DeltaRef short_steps = ref("d", 1, 5, 4);
+  short_steps.tokens = 2000;  // fewer than 10 x 320: shorter sequences, still fine
+  CHECK_FALSE(m.offer(short_steps, tensors(1), 0.0, large));
+  // Not announced (yet): not bounded here.
+  DeltaRef unknown = ref("e", 1, 5, 5);
+  unknown.tokens = 1u << 20;
+  CHECK_FALSE(m.offer(unknown, tensors(1), 0.0));
+  CHECK(m.pending_learners() == 4);
+  // The dropped delta is kept for the next merge record, with its reason.
+  const auto plan = m.stop();
+  const auto invalid = std::count_if(plan.begin(), plan.end(), [](const DroppedDelta& d) {
+    return d.reason == DropReason::Invalid && d.delta.learner_id == "b";
+  });
+  CHECK(invalid == 1);
+}
+
+TEST_CASE("learners of different batch sizes merge together, weighted by their real tokens", "[merger]") {
+  FragmentMerger m(0, 5, hyper(2), 0.0);
+  DeltaRef small = ref("small", 1, 5, 1);  // batch 2 x context 5, 10 steps: 100 tokens
+  DeltaRef large = ref("large", 1, 5, 2);
+  large.tokens = 3200;  // batch 64 x context 5, 10 steps
+  CHECK_FALSE(m.offer(small, tensors(1), 0.0, DeclaredBatch{.batch = 2, .context = 5}));
+  CHECK_FALSE(m.offer(large, tensors(1), 0.0, DeclaredBatch{.batch = 64, .context = 5}));
+  const MergePlan plan = merge_all(m, 1.0);
+  REQUIRE(plan.inputs.size() == 2);
+  CHECK(plan.dropped.empty());
+  // Weight = tokens x tokens per step (weighting.h), by hand: 100 x 10 and 3200 x 320.
+  CHECK(plan.inputs[0].ref.learner_id == "small");
+  CHECK(plan.inputs[0].ref.weight == 1000.0);
+  CHECK(plan.inputs[1].ref.weight == 1024000.0);
 }

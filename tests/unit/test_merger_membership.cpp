@@ -52,3 +52,37 @@ TEST_CASE("a learner's last announcement of a clean stop removes it at once; a r
   CHECK(m.observe("a", 1'003'000, member("a", Role::Learner, 0, 0.75f)) == 0.75f);
   CHECK(m.live_learners() == std::vector<std::string>{"a", "b"});
 }
+
+TEST_CASE("membership keeps each learner's newest declared batch and context, past its leaving", "[merger]") {
+  Membership m(15);
+  Member a = member("a", Role::Learner, 0);
+  m.observe("a", 1'000'000, a);  // an older binary: declares nothing
+  CHECK_FALSE(m.declared("a"));
+  a.batch = 8;
+  a.context = 128;
+  m.observe("a", 1'001'000, a);
+  REQUIRE(m.declared("a"));
+  CHECK(m.declared("a")->tokens_per_step() == 1024);
+  Member b = member("b", Role::Learner, 0);
+  b.batch = 64;
+  b.context = 128;
+  m.observe("b", 1'001'100, b);
+  CHECK(m.declared("b")->batch == 64);
+  CHECK(m.declared("a")->batch == 8);
+  // A restart with another batch: the newest counts.
+  a.batch = 16;
+  m.observe("a", 1'002'000, a);
+  CHECK(m.declared("a")->batch == 16);
+  // Leaving keeps the declaration (deltas sent before the stop may still come); a tombstone too.
+  a.leaving = true;
+  m.observe("a", 1'003'000, a);
+  m.observe("b", 1'003'100, std::nullopt);
+  CHECK(m.declared("a")->batch == 16);
+  CHECK(m.declared("b")->batch == 64);
+  // A merger's announcement declares nothing of a learner.
+  Member merger = member("M0", Role::Merger, 0);
+  merger.batch = 1;
+  merger.context = 1;
+  m.observe("M0", 1'003'200, merger);
+  CHECK_FALSE(m.declared("M0"));
+}

@@ -744,6 +744,20 @@ TEST_CASE("Member round trip of the incarnation and the leaving flag", "[codec][
   CHECK(got.step == 40);
 }
 
+TEST_CASE("Member round trip of a learner's batch and context", "[codec][messages]") {
+  const auto layout = make_layout();
+  Member msg{.run_id = "run-1", .instance_id = "learner-3", .role = Role::Learner, .region = "eu", .step = 40};
+  // Older binaries declare neither.
+  const Member plain = decode_member(encode_member(msg), limits_for(layout));
+  CHECK(plain.batch == 0);
+  CHECK(plain.context == 0);
+  msg.batch = 64;
+  msg.context = 4096;
+  const Member got = decode_member(encode_member(msg), limits_for(layout));
+  CHECK(got.batch == 64);
+  CHECK(got.context == 4096);
+}
+
 TEST_CASE("MergeRecord round trip of a genesis record; one that is not version 0 from one proposal is rejected",
           "[codec][messages]") {
   const auto layout = make_layout();
@@ -797,6 +811,9 @@ TEST_CASE("Rejected round trip keeps at most 256 bytes of payload", "[codec][mes
   CHECK(got.payload_size == msg.payload_size);
   CHECK(got.payload_head ==
         std::vector<uint8_t>(msg.payload_head.begin(), msg.payload_head.begin() + 256));
+  CHECK(got.sender.empty());
+  msg.sender = "learner-7";
+  CHECK(decode_rejected(encode_rejected(msg), limits_for(layout)).sender == "learner-7");
 }
 
 TEST_CASE("every reject reason has a distinct snake_case name", "[codec][messages]") {

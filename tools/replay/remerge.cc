@@ -66,13 +66,16 @@ struct OriginalCursor {
   }
 };
 
-// Every delta a record accounts for for good: merged, or dropped for a reason other than a stop.
-// A genesis record accounts for none: its one input is a proposal of version 0.
+// Every delta a record accounts for for good that other merge settings could take: merged, or
+// dropped as superseded or too stale. Not those pending at a stop (a later record takes them),
+// nor those dropped as invalid (tokens above what their learner announced, a norm out of bounds:
+// a fault of the delta under any settings). A genesis record accounts for none: its one input is
+// a proposal of version 0.
 std::vector<DeltaRef> accounted_refs(const MergeRecord& record) {
   if (record.genesis) return {};
   std::vector<DeltaRef> out = record.inputs;
   for (const auto& d : record.dropped)
-    if (d.reason != DropReason::PendingAtStop) out.push_back(d.delta);
+    if (d.reason != DropReason::PendingAtStop && d.reason != DropReason::Invalid) out.push_back(d.delta);
   return out;
 }
 

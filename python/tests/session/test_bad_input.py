@@ -146,6 +146,32 @@ def test_step_after_close_raises_session_closed(run, merger, before, layout):
     assert_run_unchanged(run, merger, before)
 
 
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(batch=4), "batch=4 and context=None: give both"),
+    (dict(batch=0, context=8), "batch must be a positive int"),
+    (dict(batch=4, context=2.5), "context must be a positive int"),
+    (dict(batch=True, context=8), "batch must be a positive int"),
+], ids=["batch-alone", "zero", "float", "bool"])
+def test_a_bad_batch_or_context_is_refused_naming_it(run, merger, before, layout, kwargs, message):
+    with pytest.raises(InvalidInputError, match=re.escape(message)):
+        run.session(layout(1), learner_id="other", **kwargs)
+    assert_run_unchanged(run, merger, before)
+
+
+def test_a_step_of_more_tokens_than_the_declared_batch_x_context_is_refused_and_counts_nothing(run, merger, before,
+                                                                                                 layout):
+    """The mergers would refuse every delta of a learner whose steps claim more tokens than it
+    declared: the session says so at the step that does, and counts nothing of it."""
+    with run.session(layout(1), learner_id="other", batch=2, context=8) as session:
+        session.step(tokens=16)
+        with pytest.raises(InvalidInputError, match=re.escape(
+                "a step of 17 tokens, more than the 2 sequences x 8 tokens this learner declared")):
+            session.step(tokens=17)
+        assert session.step_count == 1
+        session.step(tokens=10)  # fewer is fine: shorter sequences
+        assert session.step_count == 2
+
+
 @pytest.mark.parametrize("state, message", [
     ("a string", "not a Session.state_dict()"),
     ({"format": "decoupled_diloco.session/1"}, "not a Session.state_dict()"),
