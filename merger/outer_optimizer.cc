@@ -85,6 +85,9 @@ void outer_step(OuterOptimizerKind kind, const OuterHyper& hyper, uint64_t versi
       return;
     case OuterOptimizerKind::Cgad:
       DILOCO_ENFORCE(version >= 1, "an Adam step makes version 1 or later");
+      // Every input at or past the cutoff age: the merge counts for nothing. Adam would still
+      // move the parameters along its decaying first moment; no step instead, moments kept.
+      if (scale == 0.0f) return;
       cgad_adam_step(hyper, version, theta, buf, state.data(), d, n, scale);
       return;
   }

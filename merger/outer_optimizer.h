@@ -21,7 +21,8 @@
 //     buf = b1 * buf + (1 - b1) * g;  v = b2 * v + (1 - b2) * g * g
 //     theta -= lr * (buf / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps)
 //   with b1 = mu, b2 = adam_beta2, eps = adam_epsilon and t the new version (merges since
-//   genesis, so bias correction too is a function of the version). The paper's exact decay
+//   genesis, so bias correction too is a function of the version). A merge whose inputs are all
+//   at or past the cutoff (scale 0) takes no step: parameters and both moments stay. The paper's exact decay
 //   rate, cutoff and Adam constants are not in what we could read: the defaults (decay 0.1 per
 //   version of staleness, cutoff 16, beta2 0.99, eps 1e-8) are ours. Adam normalises the step
 //   size, so its lr is of the order of the parameter change wanted per merge (1e-3..1e-2), far

@@ -353,6 +353,32 @@ TEST_CASE("diloco-replay verifies, rebuilds, lists and re-merges a run whose mer
     CHECK(verify.output.find("MISMATCH fragment 0: rebuilding version " + std::to_string(forged.version)) != std::string::npos);
     CHECK(verify.output.find(topics.merges() + "[0]@" + std::to_string(at.offset)) != std::string::npos);
   }
+  {
+    // A checkpoint whose downlink residual is off (parameters, momentum and outer state as they
+    // should be): a merger restarted from it would add the wrong residual to its next update and
+    // make other versions from then on, so verify names it and exits 1.
+    const DecodeLimits limits = run_decode_limits(config, layout);
+    std::optional<FragmentState> newest;
+    read_to_end(kafka, {topics.state()}, [&](const ConsumedMessage& m) {
+      if (m.tombstone) return;
+      FragmentState s = decode_fragment_state(m.value, limits);
+      if (s.version > 0 && !s.downlink_residual.empty() && (!newest || s.version > newest->version)) newest = std::move(s);
+    }, 30000);
+    REQUIRE(newest.has_value());
+    newest->downlink_residual.at(0).values.at(0) += 1e-3f;
+    newest->layout = std::make_shared<const FragmentLayout>(layout);
+    Producer producer({.kafka = kafka}, nullptr);
+    producer.produce({.topic = topics.state(), .partition = static_cast<int32_t>(newest->fragment % 2),
+                      .key = std::to_string(newest->fragment), .value = encode_fragment_state(*newest)},
+                     1, 10000);
+    REQUIRE(producer.flush(20000) == 0);
+    Outcome verify = run_replay(dir, common, {"verify"});
+    INFO(verify.output);
+    CHECK(verify.code == 1);
+    CHECK(verify.output.find("checkpoint at " + topics.state()) != std::string::npos);
+    CHECK(verify.output.find("of version " + std::to_string(newest->version) + " has checksum") != std::string::npos);
+    CHECK(verify.output.find("downlink residual") != std::string::npos);
+  }
 }
 
 TEST_CASE("diloco-replay names a missing run or an absent broker and exits 2", "[replay]") {

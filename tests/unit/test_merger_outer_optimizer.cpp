@@ -104,8 +104,8 @@ namespace {
 struct Run {
   std::vector<float> theta{0.0f, 0.0f}, buf{0.0f, 0.0f}, state{0.0f, 0.0f};
   std::vector<float> trace;
-  void step(OuterOptimizerKind kind, const OuterHyper& h, uint64_t version, float d) {
-    outer_step(kind, h, version, theta, buf, state, std::vector<float>{d, -d});
+  void step(OuterOptimizerKind kind, const OuterHyper& h, uint64_t version, float d, float scale = 1.0f) {
+    outer_step(kind, h, version, theta, buf, state, std::vector<float>{d, -d}, scale);
     trace.push_back(theta[0]);
     CHECK(theta[1] == -theta[0]);
   }
@@ -189,11 +189,28 @@ TEST_CASE("CGAD's Adam step with bias correction by version", "[merger]") {
   CHECK(r.state[0] == 1.1875f);
   const double step2 = 0.25 * (1.25 / 0.75) / std::sqrt(1.1875 / 0.4375);
   CHECK(r.theta[0] == Approx(-0.25 - step2).epsilon(1e-6));
-  // A zero update (an input past the cutoff age) still moves along the first moment.
+  // An outer gradient of 0 still moves along the first moment, as Adam does.
   const float before = r.theta[0];
   r.step(OuterOptimizerKind::Cgad, h, 3, 0.0f);
   CHECK(r.buf[0] == 0.625f);
   CHECK(r.theta[0] < before);
+}
+
+TEST_CASE("CGAD takes no step from a merge whose inputs all count for nothing (age factor 0)", "[merger]") {
+  // Every input at or past cgad_cutoff: merge_step passes scale 0. The parameters do not move
+  // on inputs that count for nothing, and both moments stay as they were (no decay either).
+  OuterHyper h{.lr = 0.25f, .momentum = 0.5f, .adam_beta2 = 0.75f, .adam_epsilon = 1e-8f};
+  Run r;
+  r.step(OuterOptimizerKind::Cgad, h, 1, 1.0f);
+  const auto theta = r.theta, buf = r.buf, state = r.state;
+  r.step(OuterOptimizerKind::Cgad, h, 2, 3.0f, 0.0f);
+  CHECK(r.theta == theta);
+  CHECK(r.buf == buf);
+  CHECK(r.state == state);
+  // The next merge with a live input continues from there (bias correction by version 3).
+  r.step(OuterOptimizerKind::Cgad, h, 3, 1.0f);
+  CHECK(r.buf[0] == 0.5f * 0.5f + 0.5f * 1.0f);
+  CHECK(r.theta[0] < theta[0]);
 }
 
 TEST_CASE("optimizers with a second buffer refuse to run without it", "[merger]") {

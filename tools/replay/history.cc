@@ -58,12 +58,15 @@ class FragmentCheck {
       ++report_.checkpoints;
       const uint64_t momentum = checksum_fp32(state.momentum);
       const uint64_t outer_state = checksum_fp32(state.outer_state);
-      if (c.checksum != state.checksum || c.momentum_checksum != momentum || c.outer_state_checksum != outer_state)
+      const uint64_t residual = checksum_fp32(state.downlink_residual);
+      if (c.checksum != state.checksum || c.momentum_checksum != momentum || c.outer_state_checksum != outer_state ||
+          c.residual_checksum != residual)
         fail("checkpoint at " + describe(c.position) + " of version " + std::to_string(c.version) +
              " has checksum " + std::to_string(c.checksum) + " (momentum " + std::to_string(c.momentum_checksum) +
-             ", outer state " + std::to_string(c.outer_state_checksum) + "), the rebuilt state " +
-             std::to_string(state.checksum) + " (momentum " + std::to_string(momentum) + ", outer state " +
-             std::to_string(outer_state) + ")");
+             ", outer state " + std::to_string(c.outer_state_checksum) + ", downlink residual " +
+             std::to_string(c.residual_checksum) + "), the rebuilt state " + std::to_string(state.checksum) +
+             " (momentum " + std::to_string(momentum) + ", outer state " + std::to_string(outer_state) +
+             ", downlink residual " + std::to_string(residual) + ")");
     }
   }
 

@@ -173,6 +173,7 @@ std::map<uint32_t, FragmentLog> read_fragment_logs(const ReplayRun& run, int32_t
                                  .checksum = s.checksum,
                                  .momentum_checksum = checksum_fp32(s.momentum),
                                  .outer_state_checksum = checksum_fp32(s.outer_state),
+                                 .residual_checksum = checksum_fp32(s.downlink_residual),
                                  .position = position});
         f.latest_version = std::max(f.latest_version, s.version);
         const bool eligible = start.earliest || s.version <= start.at_most;

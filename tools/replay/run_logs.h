@@ -33,6 +33,9 @@ struct CheckpointInfo {
   uint64_t checksum = 0;           // of params, as stored (and verified on decoding)
   uint64_t momentum_checksum = 0;  // checksum_fp32 of the stored momentum
   uint64_t outer_state_checksum = 0;  // checksum_fp32 of the stored outer_state (empty: of nothing)
+  // checksum_fp32 of the stored downlink_residual: what quantization has not yet sent, which a
+  // merger restarted from this checkpoint adds to its next update (empty with an fp32 downlink).
+  uint64_t residual_checksum = 0;
   LogPosition position;
 };
 
