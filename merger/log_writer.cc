@@ -1,21 +1,41 @@
 #include "merger/log_writer.h"
 
+#include <algorithm>
 #include <chrono>
+#include <cmath>
 
 #include "core/errors.h"
 
 namespace diloco {
 
+int transaction_timeout_ms(uint64_t bytes, double base_seconds, double min_bytes_per_s) {
+  DILOCO_ENFORCE(base_seconds > 0 && min_bytes_per_s > 0, "transaction timeout of ", base_seconds, " s at ",
+                 min_bytes_per_s, " bytes/s");
+  const double ms = 1000.0 * (base_seconds + static_cast<double>(bytes) / min_bytes_per_s);
+  return static_cast<int>(std::min(std::ceil(ms), static_cast<double>(kMaxTransactionTimeoutMs)));
+}
+
+uint64_t largest_transaction_bytes(const FragmentLayout& layout, bool residual, bool outer_state) {
+  const uint64_t copies = 2 + (residual ? 1 : 0) + (outer_state ? 1 : 0);  // params and momentum always
+  return copies * sizeof(float) * static_cast<uint64_t>(layout.numel());
+}
+
 LogWriter::LogWriter(const KafkaOptions& kafka, const std::string& transactional_id, const MergerTimeouts& timeouts,
-                     int fail_commit_at, std::function<void()> on_failed_delivery,
+                     int transaction_timeout_ms, int fail_commit_at, std::function<void()> on_failed_delivery,
                      std::function<void()> on_injected_fault)
     : t_(timeouts),
+      transaction_timeout_ms_(transaction_timeout_ms),
       fail_commit_at_(fail_commit_at),
       on_failed_delivery_(std::move(on_failed_delivery)),
       on_injected_fault_(std::move(on_injected_fault)) {
-  // A short transaction timeout: an instance killed mid-transaction holds back read_committed
-  // readers of merges/state only until the broker aborts its transaction.
-  ProducerOptions options{.kafka = kafka, .transactional_id = transactional_id, .transaction_timeout_ms = 10000};
+  // The waits inside a transaction are at least as long as the transaction may take.
+  t_.produce_ms = std::max(t_.produce_ms, transaction_timeout_ms);
+  t_.commit_ms = std::max(t_.commit_ms, transaction_timeout_ms);
+  t_.record_ack_ms = std::max(t_.record_ack_ms, transaction_timeout_ms);
+  // As short as the largest transaction allows: an instance killed mid-transaction holds back
+  // read_committed readers of merges/state (a successor's recovery) until the broker aborts it.
+  ProducerOptions options{.kafka = kafka, .transactional_id = transactional_id,
+                          .transaction_timeout_ms = transaction_timeout_ms};
   producer_ = std::make_unique<Producer>(options, [this](const DeliveryReport& r) {
     if (!r.ok && on_failed_delivery_) on_failed_delivery_();
     delivered_[r.token] = r;

@@ -2,9 +2,10 @@
 // transaction that also commits the merger group's consumed offsets, so an instance fenced by a
 // newer one with the same transactional id commits nothing (KIP-447): genesis checkpoints, each
 // merge (record, and every checkpoint_every versions the fragment's checkpoint) and the records
-// of a clean stop. Callers encode and compress everything first, so the transaction timeout
-// covers only the produce and commit round trips (and the framing of a checkpoint's pieces, a
-// copy), whatever a fragment's size.
+// of a clean stop. Callers encode and compress everything first, so the transaction covers only
+// the produce and commit round trips (and the framing of a checkpoint's pieces, a copy); its
+// timeout grows with the bytes the largest transaction writes (transaction_timeout_ms below), so
+// a large checkpoint over a slow link to the broker still commits.
 #pragma once
 
 #include <cstdint>
@@ -36,6 +37,20 @@ struct LogWrite {
   uint64_t chunk_bytes = 0;
 };
 
+// The broker's default transaction.max.timeout.ms: a producer may not ask for more.
+inline constexpr int kMaxTransactionTimeoutMs = 900000;
+
+// The transaction timeout for transactions of up to `bytes`: `base_seconds` for the round trips,
+// plus the time to write `bytes` at `min_bytes_per_s` (the slowest write rate to the broker the
+// merger must tolerate), at most kMaxTransactionTimeoutMs.
+int transaction_timeout_ms(uint64_t bytes, double base_seconds, double min_bytes_per_s);
+
+// The bytes of the largest transaction a merger of `layout` writes: a clean stop writes the
+// checkpoint of every fragment it owns, and one merger may own them all. A checkpoint holds the
+// parameters, the momentum, the downlink residual (`residual`) and the outer state (`outer_state`),
+// fp32 each (an upper bound: zstd only makes them smaller).
+uint64_t largest_transaction_bytes(const FragmentLayout& layout, bool residual, bool outer_state);
+
 class LogWriter {
  public:
   // Creates the transactional producer and initialises transactions, which fences any older
@@ -43,9 +58,13 @@ class LogWriter {
   // refused (the transaction cannot commit then; the merger rebuilds from the logs).
   // `fail_commit_at` > 0 makes that merge commit (see commit's `merge`) throw after its writes are
   // produced: fault injection for tests (MergerFaults); `on_injected_fault` is told just before.
+  // `transaction_timeout_ms`: the broker aborts a transaction open longer (the produce, commit and
+  // record acknowledgement waits are at least as long).
   LogWriter(const KafkaOptions& kafka, const std::string& transactional_id, const MergerTimeouts& timeouts,
-            int fail_commit_at, std::function<void()> on_failed_delivery,
+            int transaction_timeout_ms, int fail_commit_at, std::function<void()> on_failed_delivery,
             std::function<void()> on_injected_fault = {});
+
+  int transaction_timeout_ms() const { return transaction_timeout_ms_; }
 
   // One transaction: `writes` in order, then `offsets` of `consumer`'s group. Returns the log
   // position of writes[0] once Kafka acknowledged it (within record_ack_ms), else nullopt.
@@ -59,7 +78,8 @@ class LogWriter {
   void abort();
 
  private:
-  const MergerTimeouts& t_;
+  MergerTimeouts t_;
+  const int transaction_timeout_ms_;
   const int fail_commit_at_;
   int merge_commits_ = 0;
   std::function<void()> on_failed_delivery_;

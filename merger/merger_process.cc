@@ -95,6 +95,9 @@ class MergerProcess : public RebalanceListener {
   // tokens per step and the norm bound apply.
   InputBounds input_bounds() const { return InputBounds{.max_norm_ratio = o_.config.merger.max_norm_ratio}; }
   void adopt_layout(std::shared_ptr<const FragmentLayout> layout);
+  int transaction_timeout() const;
+  void make_writer(int timeout_ms);
+  KafkaOptions writer_kafka_;  // the options of the transactional producer (client id: the instance id)
   void handle_proposal(const ConsumedMessage& message);
   void abandon_merge(uint32_t p, MergePlan& plan, const std::string& reason);
   void recover(const std::set<int32_t>& partitions);
@@ -202,12 +205,39 @@ MergerProcess::MergerProcess(const MergerOptions& options, const std::atomic<boo
 
 // The run's layout, once: a model whose messages cannot travel is refused (the learners check it
 // before proposing, so a proposal that fails here was made with other Kafka limits).
+// The transaction timeout the run's model needs (merger.transaction_seconds alone before the
+// layout is known: the genesis checkpoints wait for it).
+int MergerProcess::transaction_timeout() const {
+  const auto& m = o_.config.merger;
+  const uint64_t bytes =
+      layout_ ? largest_transaction_bytes(*layout_, o_.config.codec.downlink_dtype != DType::F32,
+                                          has_outer_state(*parse_outer_optimizer(m.optimizer)))
+              : 0;
+  return transaction_timeout_ms(bytes, m.transaction_seconds, m.min_write_mb_per_s * 1e6);
+}
+
+// The transactional producer, with a timeout for transactions this long. Called with no
+// transaction open (every commit opens and ends its own): a new producer of the same
+// transactional id fences the old one, which has nothing left to lose.
+void MergerProcess::make_writer(int timeout_ms) {
+  writer_.reset();
+  writer_ = std::make_unique<LogWriter>(writer_kafka_, "diloco." + o_.config.run.id + ".merger." + o_.instance_id, t_,
+                                        timeout_ms, faults_.fail_commit, [this] { request_recovery(true); },
+                                        [this] { injected_fault(); });
+  log({{"event", "transaction_timeout"}, {"ms", timeout_ms}});
+  if (timeout_ms >= kMaxTransactionTimeoutMs)
+    std::cerr << "merger " << o_.instance_id << ": the largest transaction needs more than the broker's "
+              << kMaxTransactionTimeoutMs / 1000 << " s at merger.min_write_mb_per_s "
+              << o_.config.merger.min_write_mb_per_s << ": run more mergers (fewer fragments each) or a faster link\n";
+}
+
 void MergerProcess::adopt_layout(std::shared_ptr<const FragmentLayout> layout) {
   check_message_sizes(o_.config, *layout, o_.kafka.max_message_bytes);
   // Tightened, not replaced: a new assembler would drop the pieces of other proposals (and
   // deltas) still being put together.
   layout_ = std::move(layout);
   chunks_->set_limits(limits());
+  if (writer_ && writer_->transaction_timeout_ms() != transaction_timeout()) make_writer(transaction_timeout());
   log({{"event", "layout"}, {"fingerprint", layout_->fingerprint}, {"tensors", layout_->tensors.size()},
        {"parameters", layout_->numel()}, {"fragments", layout_->num_fragments()}});
   std::cerr << "merger " << o_.instance_id << ": the run's model has " << layout_->tensors.size() << " tensors, "
@@ -895,9 +925,8 @@ int MergerProcess::run() {
     }
   }
   plain_ = std::make_unique<Producer>(ProducerOptions{.kafka = kafka}, nullptr);
-  writer_ = std::make_unique<LogWriter>(kafka, "diloco." + o_.config.run.id + ".merger." + o_.instance_id, t_,
-                                        faults_.fail_commit, [this] { request_recovery(true); },
-                                        [this] { injected_fault(); });
+  writer_kafka_ = kafka;
+  make_writer(transaction_timeout());
   {
     ConsumerOptions members_options{.kafka = kafka};
     members_options.kafka.client_id = o_.instance_id + "-members";

@@ -31,7 +31,8 @@ nlohmann::json run_config_json(const RunConfig& c) {
                   {"optimizer", m.optimizer}, {"dn_period", m.dn_period}, {"dn_activation", m.dn_activation},
                   {"cgad_decay", m.cgad_decay}, {"cgad_cutoff", m.cgad_cutoff}, {"adam_beta2", m.adam_beta2},
                   {"adam_epsilon", m.adam_epsilon}, {"checkpoint_every", m.checkpoint_every},
-                  {"liveness_seconds", m.liveness_seconds}, {"republish_seconds", m.republish_seconds}}},
+                  {"liveness_seconds", m.liveness_seconds}, {"republish_seconds", m.republish_seconds},
+                  {"transaction_seconds", m.transaction_seconds}, {"min_write_mb_per_s", m.min_write_mb_per_s}}},
       {"cluster", {{"learners", c.cluster.learners}, {"regions", c.cluster.regions}, {"mergers", c.cluster.mergers},
                    {"speed_factors", c.cluster.speed_factors}, {"eval_interval", c.cluster.eval_interval}}},
   };

@@ -239,6 +239,8 @@ void parse_merger(const Section& s, RunConfig& c) {
     else if (key == "checkpoint_every") read(f, m.checkpoint_every);
     else if (key == "liveness_seconds") read(f, m.liveness_seconds);
     else if (key == "republish_seconds") read(f, m.republish_seconds);
+    else if (key == "transaction_seconds") read(f, m.transaction_seconds);
+    else if (key == "min_write_mb_per_s") read(f, m.min_write_mb_per_s);
     else unknown_key(f);
   }
 }
@@ -424,6 +426,10 @@ void validate_run_config(const RunConfig& c) {
 
   const auto& m = c.merger;
   check(m.quorum >= 1, c, "merger.quorum must be at least 1");
+  check(m.transaction_seconds >= 1 && m.transaction_seconds <= 900, c,
+        "merger.transaction_seconds must be between 1 and 900 (the broker's transaction.max.timeout.ms)");
+  check(m.min_write_mb_per_s > 0 && std::isfinite(m.min_write_mb_per_s), c,
+        "merger.min_write_mb_per_s must be positive (the slowest write rate to the broker to allow for)");
   check(m.max_norm_ratio == 0 || m.max_norm_ratio >= 1, c,
         "merger.max_norm_ratio must be 0 (no bound) or at least 1, not " + std::to_string(m.max_norm_ratio));
   check(m.grace_gamma >= 0 && m.grace_tau >= 0 && m.grace_cap_steps >= 0 && m.grace_cap_seconds >= 0, c,

@@ -135,6 +135,12 @@ struct MergerConfig {
   // Also re-broadcast every owned fragment this often (0: never, the default). Subscribers that
   // connect or miss a version ask for it (core/zmq/params_channel.h), so this is only a fallback.
   double republish_seconds = 0;
+  // A merge's (or a clean stop's) Kafka transaction may stay open for transaction_seconds plus the
+  // time to write its bytes at min_write_mb_per_s (the largest: every fragment's checkpoint), up to
+  // the broker's 900 s. Longer, and the broker aborts it; a killed merger's open transaction holds
+  // back its successor's recovery that long.
+  double transaction_seconds = 10;
+  double min_write_mb_per_s = 4;
 };
 
 // The shape of a local cluster (read by scripts/run-local; every process validates it).

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # scripts/chaos, CI-sized: the tiny config on a 3-node broker of its own (ports and folder), two
 # learners and two mergers for 80 s under a seeded schedule that kills a learner, a merger
-# and a broker node and pauses a learner. Passes when scripts/chaos's checks pass (diloco-replay
+# and a broker node, pauses a learner, and stops a learner and a merger with SIGTERM (each must
+# exit 0) before restarting them. Passes when scripts/chaos's checks pass (diloco-replay
 # audit and verify, adoptions against the merge log), each kind of fault really happened, merges
 # went on, goodput was measured, and nothing is left running.
 #   usage: chaos_test.sh BIN_DIR
@@ -23,9 +24,10 @@ trap cleanup EXIT
 # Rates high enough that 80 s hold every kind of fault; the schedule is a function of the seed.
 args=(configs/tiny.toml --seed 3 --seconds 80 --warmup 12 --cooldown 12 --learners 2 --mergers 2 --nodes 3
       --learner-mtbf 35 --learner-mttr 6 --pause-mtbf 40 --pause-mttr 4 --merger-mtbf 40 --merger-mttr 4
-      --broker-mtbf 35 --broker-mttr 8 --set train.eval_every=0)
+      --broker-mtbf 35 --broker-mttr 8 --term-mtbf 40 --term-mttr 4 --set train.eval_every=0)
 "$root/scripts/chaos" "${args[@]}" --dry-run >"$tmp/schedule.jsonl" 2>/dev/null
-for kind in '"learner-.*"kind": "kill"' '"learner-.*"kind": "pause"' '"merger-.*"kind": "kill"' '"broker-.*"kind": "kill"'; do
+for kind in '"learner-.*"kind": "kill"' '"learner-.*"kind": "pause"' '"learner-.*"kind": "term"' \
+            '"merger-.*"kind": "kill"' '"merger-.*"kind": "term"' '"broker-.*"kind": "kill"'; do
   grep -q "$kind" "$tmp/schedule.jsonl" || fail "the schedule of seed 3 has no fault matching $kind: $(cat "$tmp/schedule.jsonl")"
 done
 
@@ -42,10 +44,13 @@ timeline = [json.loads(l) for l in open(f"{run}/chaos.jsonl")]
 problems = []
 if not r["ok"]:
     problems.append(f"checks failed: {r['checks']} {r['problems'][:5]}")
-for target, action in (("learner-", "kill"), ("learner-", "stop"), ("merger-", "kill"), ("broker-", "kill")):
+for target, action in (("learner-", "kill"), ("learner-", "stop"), ("learner-", "term"), ("merger-", "kill"),
+                       ("merger-", "term"), ("broker-", "kill")):
     if not any(e["target"].startswith(target) and e["action"] == action for e in timeline):
         problems.append(f"no {target}* {action} in chaos.jsonl")
-downs = sum(1 for e in timeline if e["action"] in ("kill", "stop") and e["target"] != "cluster")
+downs = sum(1 for e in timeline if e["action"] in ("kill", "stop", "term") and e["target"] != "cluster")
+if r["checks"].get("sigterm_clean_exit") is not True:
+    problems.append(f"no clean exit of every SIGTERM stop checked: {r['checks']}")
 ups = sum(1 for e in timeline if e["action"] in ("restart", "cont"))
 if downs != ups:
     problems.append(f"{downs} faults but {ups} repairs")

@@ -628,3 +628,67 @@ TEST_CASE("a second live merger under the same id fences the first: the first st
   REQUIRE(testing::eventually([&] { return r.merges_of(0).size() == 2; }, 60s));
   r.stop_and_audit(*second);
 }
+
+namespace {
+
+// A producer quota on the broker for one client id (scripts/broker throttle), lifted when the
+// test ends, whatever happens.
+struct Throttle {
+  std::string client;
+  Throttle(std::string client_, int bytes_per_s) : client(std::move(client_)) {
+    REQUIRE(set(bytes_per_s) == 0);
+  }
+  ~Throttle() { set(0); }
+  int set(int bytes_per_s) const {
+    const std::string cmd = std::string(DILOCO_SOURCE_DIR "/scripts/broker throttle --client ") + client +
+                            " --bytes-per-s " + std::to_string(bytes_per_s) + " >/dev/null 2>&1";
+    return std::system(cmd.c_str());
+  }
+};
+
+// One merge with a checkpoint (checkpoint_every 1) by merger `id` whose writes the broker holds
+// to `bytes_per_s`, after version 0 was committed at full speed: waits until `event` ("merge" or
+// "merge_failed") is logged, at most `limit`. Returns whether it was.
+bool throttled_merge(FaultRun& r, testing::ChildProcess& merger, const std::string& id, int bytes_per_s,
+                     const std::string& event, std::chrono::seconds limit) {
+  testing::propose_genesis(r.kafka, r.config);
+  REQUIRE(r.count(id, "genesis") == r.layout->num_fragments());
+  Throttle throttle(id, bytes_per_s);
+  r.send({{0, r.delta("a", 0, 1, 0)}});
+  INFO(merger.log());
+  return testing::eventually([&] { return r.count(id, event) >= 1; }, limit);
+}
+
+}  // namespace
+
+// A checkpoint that takes longer than 10 s to reach a slow broker: the transaction timeout grows
+// with the bytes (merger.transaction_seconds + the largest transaction at merger.min_write_mb_per_s),
+// so the merge commits. With the timeout of a fast link (what a fixed 10 s was) the broker aborts
+// every such transaction and no merge ever commits.
+TEST_CASE("a checkpoint that takes longer than 10 s to write on a throttled broker commits", "[merger][faults][throttle]") {
+  // Fragment 0's checkpoint (29k parameters: parameters, momentum and int4 downlink residual in
+  // fp32, about 0.35 MB) at 20 kB/s takes about 17 s.
+  const int kBytesPerSecond = 20000;
+  SECTION("with the timeout scaled to a slow link") {
+    FaultRun r("throttled", {"merger.checkpoint_every=1", "merger.min_write_mb_per_s=0.01"});
+    const std::string id = "slow-" + r.run;
+    auto merger = r.merger(id);
+    REQUIRE(throttled_merge(r, *merger, id, kBytesPerSecond, "merge", 120s));
+    auto merge = testing::last_event(r.dir + "/" + id + "/metrics.jsonl", "merge");
+    REQUIRE(merge.has_value());
+    CHECK(merge->at("checkpoint") == true);
+    CHECK(merge->at("seconds").at("commit").get<double>() > 10);  // the throttle held it that long
+    CHECK(r.count(id, "merge_failed") == 0);
+    auto timeout = testing::last_event(r.dir + "/" + id + "/metrics.jsonl", "transaction_timeout");
+    REQUIRE(timeout.has_value());
+    CHECK(timeout->at("ms").get<int>() > 100000);  // 10 s + 3 x 4 B x 116k parameters at 10 kB/s: 150 s
+    r.stop_and_audit(*merger);
+  }
+  SECTION("with the timeout of a fast link") {
+    FaultRun r("throttled-fast", {"merger.checkpoint_every=1", "merger.min_write_mb_per_s=1000"});
+    const std::string id = "fast-" + r.run;
+    auto merger = r.merger(id);
+    CHECK(throttled_merge(r, *merger, id, kBytesPerSecond, "merge_failed", 60s));
+    merger->signal(SIGKILL);
+  }
+}

@@ -83,6 +83,8 @@ adam_epsilon = 1e-6
 checkpoint_every = 4
 liveness_seconds = 8
 republish_seconds = 2.5
+transaction_seconds = 30
+min_write_mb_per_s = 0.5
 [cluster]
 learners = 4
 regions = ["a", "b", "c"]
@@ -106,7 +108,7 @@ TEST_CASE("run_config_json prints every field under its TOML name, and --set of 
       apply_override(rebuilt, section + "." + key + "=" + toml_literal(value));
       ++fields;
     }
-  CHECK(fields == 61);  // the keys the parser knows (core/config/run_config.cc)
+  CHECK(fields == 63);  // the keys the parser knows (core/config/run_config.cc)
   CHECK(run_config_json(rebuilt) == printed);
   CHECK(printed["train"]["batch"] == 5);
   CHECK(printed["codec"]["dtype"] == "int8");

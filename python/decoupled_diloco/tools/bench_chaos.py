@@ -17,11 +17,12 @@ import time
 from . import repository
 
 # Failure rates: mean seconds up and to repair, per kind. A learner is down about
-# mttr / (mtbf + mttr) of the time for each kind: "high" about 15% killed + 5% paused = 20%,
-# "low" about 6% + 3% = 9%.
+# mttr / (mtbf + mttr) of the time for each kind: "high" about 15% killed + 5% paused + 8%
+# stopped with SIGTERM = 28%, "low" about 6% + 3% + 3% = 12%. "term" applies to learners and
+# mergers alike (a clean stop at a random moment, then a restart).
 RATES = {
-    "low": {"learner": (120, 8), "pause": (150, 4), "merger": (120, 4), "broker": (90, 8)},
-    "high": {"learner": (45, 8), "pause": (90, 5), "merger": (60, 5), "broker": (45, 8)},
+    "low": {"learner": (120, 8), "pause": (150, 4), "merger": (120, 4), "broker": (90, 8), "term": (150, 5)},
+    "high": {"learner": (45, 8), "pause": (90, 5), "merger": (60, 5), "broker": (45, 8), "term": (60, 5)},
 }
 
 
@@ -38,8 +39,8 @@ def seeds(text):
 
 
 def down_share(rate):
-    (lu, lr), (pu, pr) = RATES[rate]["learner"], RATES[rate]["pause"]
-    return lr / (lu + lr) + pr / (pu + pr)
+    (lu, lr), (pu, pr), (tu, tr) = RATES[rate]["learner"], RATES[rate]["pause"], RATES[rate]["term"]
+    return lr / (lu + lr) + pr / (pu + pr) + tr / (tu + tr)
 
 
 def command(args, rate, mode, seed, run_dir):
@@ -51,6 +52,7 @@ def command(args, rate, mode, seed, run_dir):
            "--pause-mtbf", str(r["pause"][0]), "--pause-mttr", str(r["pause"][1]),
            "--merger-mtbf", str(r["merger"][0]), "--merger-mttr", str(r["merger"][1]),
            "--broker-mtbf", str(r["broker"][0]), "--broker-mttr", str(r["broker"][1]),
+           "--term-mtbf", str(r["term"][0]), "--term-mttr", str(r["term"][1]),
            "--run-dir", run_dir, "--no-report"]
     if mode == "sync":
         cmd.append("--sync")

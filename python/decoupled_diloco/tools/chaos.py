@@ -2,7 +2,9 @@
 
 Starts the cluster of scripts/run-local (run_local's Cluster) for a wall-clock budget
 and, on a schedule drawn from --seed, kills learners and mergers with SIGKILL and restarts them
-under the same id, pauses learners with SIGSTOP/SIGCONT (an island cut off or stalled), and with
+under the same id, stops them with SIGTERM at a random moment (each must exit 0 within 60 s: a
+clean stop, whatever it interrupted) and restarts them, pauses learners with SIGSTOP/SIGCONT (an
+island cut off or stalled), and with
 --nodes 3 kills and restarts one Kafka broker at a time. Each kind of fault has a mean time
 between failures (of its target's uptime) and a mean time to repair, both exponential; a target
 has one fault at a time, and one broker node at most is down.
@@ -82,6 +84,14 @@ def schedule(args, learner_names, merger_names):
         for f in draw_faults(random.Random(rng.random()), "broker", "kill", args.broker_mtbf, args.broker_mttr, start, end):
             f["target"] = f"broker-{node_rng.randrange(1, args.nodes + 1)}"
             faults.append(f)
+    # SIGTERM stops come from a generator of their own, so the schedule of the other kinds of a
+    # seed is the one it was before they existed; a stop never overlaps another fault of its target.
+    term_rng = random.Random(f"term-{args.seed}")
+    for name in learner_names + merger_names:
+        others = [f for f in faults if f["target"] == name]
+        for t in draw_faults(random.Random(term_rng.random()), name, "term", args.term_mtbf, args.term_mttr, start, end):
+            if not any(o["at"] - 1 < t["at"] + t["down"] and t["at"] < o["at"] + o["down"] + 1 for o in others):
+                faults.append(t)
     return sorted(faults, key=lambda f: f["at"])
 
 
@@ -128,6 +138,9 @@ def wait_for_nodes(timeout=120):
     STARTING_NODES.clear()
 
 
+TERM_EXIT_SECONDS = 60  # how long a process stopped with SIGTERM may take to exit
+
+
 def inject(cluster, fault, timeline, args):
     target, kind = fault["target"], fault["kind"]
     if target.startswith("broker-"):
@@ -142,6 +155,14 @@ def inject(cluster, fault, timeline, args):
     if kind == "pause":
         child.signal(signal.SIGSTOP)
         timeline.add(target, "stop", kind, pid=child.proc.pid)
+    elif kind == "term":
+        # A clean stop at whatever moment it lands: the process must exit 0, and soon.
+        child.signal(signal.SIGTERM)
+        code = child.wait(TERM_EXIT_SECONDS)
+        if code is None:
+            child.signal(signal.SIGKILL)
+            child.wait(10)
+        timeline.add(target, "term", kind, pid=child.proc.pid, code=code)
     else:
         child.signal(signal.SIGKILL)
         child.wait(10)
@@ -348,6 +369,16 @@ def analyse(cluster, args, faults, wall_seconds):
     checks["adopted_committed"] = adopted_unknown == 0
     checks["no_version_backwards"] = backwards == 0
 
+    # Every process stopped with SIGTERM exited 0 within TERM_EXIT_SECONDS.
+    terms = [e for e in run_local.read_jsonl(os.path.join(cluster.run_dir, "chaos.jsonl")) if e.get("action") == "term"]
+    unclean = [e for e in terms if e.get("code") != 0]
+    if terms:
+        checks["sigterm_clean_exit"] = not unclean
+    for e in unclean:
+        problems.append(f"{e['target']} stopped with SIGTERM at {e['t']} s: " +
+                        (f"exit code {e['code']}" if e.get("code") is not None
+                         else f"still running after {TERM_EXIT_SECONDS} s (killed)"))
+
     # Goodput: per learner and fragment, the steps covered by merged deltas, in compute seconds
     # (none credited for the time a pause stopped the learner).
     stopped = stopped_windows(os.path.join(cluster.run_dir, "chaos.jsonl"))
@@ -466,6 +497,10 @@ def parse_args(argv=None):
     p.add_argument("--learner-mttr", type=float, default=10, help="kill -9 of a learner: mean time to restart (default 10)")
     p.add_argument("--pause-mtbf", type=float, default=90, help="SIGSTOP of a learner: mean up time (0: never; default 90)")
     p.add_argument("--pause-mttr", type=float, default=5, help="SIGSTOP of a learner: mean time to SIGCONT (default 5)")
+    p.add_argument("--term-mtbf", type=float, default=120,
+                   help="SIGTERM of a learner or merger (a clean stop, then a restart): mean up time (0: never; "
+                        "default 120)")
+    p.add_argument("--term-mttr", type=float, default=5, help="SIGTERM stop: mean time to restart (default 5)")
     p.add_argument("--merger-mtbf", type=float, default=90, help="kill -9 of a merger: mean up time (0: never; default 90)")
     p.add_argument("--merger-mttr", type=float, default=5, help="kill -9 of a merger: mean time to restart (default 5)")
     p.add_argument("--nodes", type=int, default=1, choices=(1, 3),
@@ -508,7 +543,8 @@ def main(argv=None) -> int:
     say(f"seed {args.seed}: {len(faults)} faults in {args.seconds:.0f} s: " +
         ", ".join(f"{k} {sum(1 for f in faults if (f['target'].split('-')[0], f['kind']) == k_)}"
                   for k, k_ in (("learner kills", ("learner", "kill")), ("learner pauses", ("learner", "pause")),
-                                ("merger kills", ("merger", "kill")), ("broker kills", ("broker", "kill")))))
+                                ("learner stops", ("learner", "term")), ("merger kills", ("merger", "kill")),
+                                ("merger stops", ("merger", "term")), ("broker kills", ("broker", "kill")))))
     if args.dry_run:
         for f in faults:
             print(json.dumps(f), flush=True)

@@ -621,7 +621,7 @@ def down_intervals(events, t_end):
     since = {}
     for e in events:
         target, action = e["target"], e.get("action")
-        if action in ("kill", "stop"):
+        if action in ("kill", "stop", "term"):
             since[target] = (e["time_us"], e.get("kind", action))
         elif action in ("restart", "cont") and target in since:
             a, kind = since.pop(target)
@@ -637,7 +637,7 @@ def plot_chaos(run, plotter, merges, events):
     intervals = down_intervals(events, run.t_end)
     targets = sorted(intervals, key=natural_key)
     fig, ax = plotter.figure(title, xlabel, "")
-    colours = {"kill": "tab:red", "pause": "tab:orange"}
+    colours = {"kill": "tab:red", "pause": "tab:orange", "term": "tab:purple"}
     for i, target in enumerate(targets):
         for a, b, kind in intervals[target]:
             ax.broken_barh([(at(a), max(at(b) - at(a), 0.2))], (i - 0.35, 0.7), color=colours.get(kind, "tab:gray"))
@@ -647,7 +647,8 @@ def plot_chaos(run, plotter, merges, events):
     ax.set_ylim(-0.8, len(targets) + 0.8)
     from matplotlib.patches import Patch
     ax.legend(handles=[Patch(color=colours["kill"], label="killed (kill -9) until restarted"),
-                       Patch(color=colours["pause"], label="paused (SIGSTOP) until SIGCONT")], fontsize=8)
+                       Patch(color=colours["pause"], label="paused (SIGSTOP) until SIGCONT"),
+                       Patch(color=colours["term"], label="stopped (SIGTERM) until restarted")], fontsize=8)
     plotter.save(fig, name)
 
 
@@ -837,8 +838,10 @@ def build_page(run, out_dir, learners, merges, evals, total_tokens, notes):
 def chaos_blocks(events, result):
     """The section of a scripts/chaos run: what was broken, what it cost, and the checks."""
     blocks = [("h2", "Chaos")]
-    kinds = collections.Counter((e["target"].split("-")[0], e.get("kind")) for e in events if e.get("action") in ("kill", "stop"))
-    rows = [(f"{target} {'kills' if kind == 'kill' else 'pauses'}", count(n)) for (target, kind), n in sorted(kinds.items())]
+    kinds = collections.Counter((e["target"].split("-")[0], e.get("kind")) for e in events
+                                if e.get("action") in ("kill", "stop", "term"))
+    names = {"kill": "kills", "pause": "pauses", "term": "SIGTERM stops"}
+    rows = [(f"{target} {names.get(kind, kind)}", count(n)) for (target, kind), n in sorted(kinds.items())]
     if result:
         gp = result.get("goodput")
         rows += [("Mode", str(result.get("mode"))), ("Seed", str(result.get("seed"))),

@@ -12,8 +12,9 @@ def test_seeds_take_ranges_and_lists():
 
 
 def test_down_share_of_a_rate():
-    # "high": learners killed 8 s of every 45 + 8, paused 5 of every 90 + 5.
-    assert bench_chaos.down_share("high") == pytest.approx(8 / 53 + 5 / 95)
+    # "high": learners killed 8 s of every 45 + 8, paused 5 of every 90 + 5, stopped with SIGTERM
+    # 5 of every 60 + 5.
+    assert bench_chaos.down_share("high") == pytest.approx(8 / 53 + 5 / 95 + 5 / 65)
 
 
 def args(**extra):

@@ -94,10 +94,10 @@ def test_draw_faults_alternates_up_and_down_times():
     assert chaos.draw_faults(FixedDraws([]), "learner-0", "kill", 0, 10, 10, 40) == []
 
 
-def schedule_args(seed):
+def schedule_args(seed, term_mtbf=40):
     return types.SimpleNamespace(seed=seed, warmup=15, seconds=300, cooldown=10, learner_mtbf=30, learner_mttr=10,
                                  pause_mtbf=20, pause_mttr=5, merger_mtbf=40, merger_mttr=5, nodes=3,
-                                 broker_mtbf=30, broker_mttr=10)
+                                 broker_mtbf=30, broker_mttr=10, term_mtbf=term_mtbf, term_mttr=5)
 
 
 def test_schedule_is_a_function_of_the_seed():
@@ -115,6 +115,18 @@ def test_schedule_is_a_function_of_the_seed():
         assert kills and pauses
         for p in pauses:
             assert all(p["at"] + p["down"] <= k["at"] - 1 or p["at"] >= k["at"] + k["down"] + 1 for k in kills)
+
+
+def test_sigterm_stops_of_learners_and_mergers_overlap_no_other_fault_and_leave_the_rest_of_the_schedule_as_it_was():
+    learners, mergers = ["learner-0", "learner-1"], ["merger-0"]
+    faults = chaos.schedule(schedule_args(7), learners, mergers)
+    terms = [f for f in faults if f["kind"] == "term"]
+    assert {f["target"] for f in terms} == {"learner-0", "learner-1", "merger-0"}
+    for t in terms:
+        others = [f for f in faults if f["target"] == t["target"] and f is not t]
+        assert all(t["at"] + t["down"] <= o["at"] - 1 or t["at"] >= o["at"] + o["down"] + 1 for o in others)
+    # The stops draw from their own generator: without them, the other faults are the same.
+    assert [f for f in faults if f["kind"] != "term"] == chaos.schedule(schedule_args(7, term_mtbf=0), learners, mergers)
 
 
 # ---- analyse(): goodput, stalls and checks of a finished run ------------------------------------
