@@ -42,12 +42,20 @@ SnapshotRequests::Turn SnapshotRequests::serve(
     }
     ++it;
   }
-  for (const auto& [p, ids] : due) {
+  // Round robin from the fragment after the last one served: on a link that takes one snapshot
+  // per turn, a fragment asked for again and again (a new version every few seconds) cannot
+  // starve the others, as serving the lowest first did.
+  std::vector<uint32_t> order;
+  for (auto it = due.lower_bound(next_); it != due.end(); ++it) order.push_back(it->first);
+  for (auto it = due.begin(); it != due.end() && it->first < next_; ++it) order.push_back(it->first);
+  for (size_t i = 0; i < order.size(); ++i) {
+    const uint32_t p = order[i];
+    const auto& ids = due.at(p);
     if (queued() >= o_.queue_bytes) {
-      for (const auto& [rest, waiting] : due)
-        if (rest >= p) turn.deferred += waiting.size();
+      for (size_t j = i; j < order.size(); ++j) turn.deferred += due.at(order[j]).size();
       break;
     }
+    next_ = p + 1;
     const Message message = encode(p);
     for (const auto& id : ids) {
       send(id, p, message);

@@ -54,8 +54,9 @@ class SnapshotRequests {
     uint64_t deferred = 0;   // due but held back by the queue bound
   };
   // One turn at time t. `versions`: the fragments owned now and their versions (requests for
-  // others are forgotten). For each due fragment, lowest first, while queued() is below the
-  // bound: encode(p) once, then send(id, p, message) for each subscriber due.
+  // others are forgotten). For each due fragment, round robin from the one after the fragment
+  // served last, while queued() is below the bound: encode(p) once, then send(id, p, message)
+  // for each subscriber due.
   Turn serve(Clock::time_point t, const std::map<uint32_t, uint64_t>& versions,
              const std::function<uint64_t()>& queued, const std::function<Message(uint32_t)>& encode,
              const std::function<void(const std::string&, uint32_t, const Message&)>& send);
@@ -72,6 +73,7 @@ class SnapshotRequests {
   SnapshotRequestOptions o_;
   std::set<Key> requested_;
   std::map<Key, Served> served_;
+  uint32_t next_ = 0;  // the round robin's start: the fragment after the one served last
 };
 
 }  // namespace diloco

@@ -140,3 +140,31 @@ TEST_CASE("requests for fragments not owned are forgotten, and pending requests 
   CHECK(t.sent == 0);
   CHECK(h.requests.pending() == 0);
 }
+
+TEST_CASE("on a link that takes one snapshot per turn, a fragment asked for again and again starves no other",
+          "[merger][snapshots]") {
+  Harness h(options(1000));
+  h.requests.want("a", 0, true);
+  h.requests.want("a", 1, true);
+  h.requests.want("a", 2, true);
+  std::set<uint32_t> served;
+  for (int turn = 0; turn < 3; ++turn) {
+    // Fragment 0 merges every turn and is asked for again; the queue takes one snapshot a turn.
+    h.versions[0] += 1;
+    h.requests.want("a", 0, true);
+    h.queued = 0;
+    const size_t before = h.sent.size();
+    h.requests.serve(
+        h.now, h.versions, [&] { return h.queued; },
+        [&](uint32_t p) { return std::make_shared<const std::vector<uint8_t>>(1000, static_cast<uint8_t>(p)); },
+        [&](const std::string& id, uint32_t p, const SnapshotRequests::Message& m) {
+          h.sent.emplace_back(id, p);
+          h.queued += m->size();  // at the bound now: the rest of the turn waits
+        });
+    REQUIRE(h.sent.size() == before + 1);
+    served.insert(h.sent.back().second);
+    h.now += 300ms;  // past the interval
+  }
+  CHECK(served == std::set<uint32_t>{0, 1, 2});  // lowest first served fragment 0 three times
+  CHECK(h.requests.pending() == 1);              // fragment 0's newest ask
+}
