@@ -1,6 +1,9 @@
 #include "learner/delta_publisher.h"
 
+#include <iostream>
+
 #include "core/codec/chunk.h"
+#include "core/errors.h"
 #include "core/kafka/delta_headers.h"
 
 namespace diloco {
@@ -92,8 +95,12 @@ void DeltaPublisher::hand_over_locked(Producer& producer) {
     in_flight_[it->first] = std::move(sending);
     it = waiting_.erase(it);
   }
-  // Pieces go to the producer in order, as far as its queue takes them.
-  for (auto& [fragment, sending] : in_flight_) {
+  // Pieces go to the producer in order, as far as its queue takes them. A piece the producer
+  // refuses for good (larger than the broker takes) fails its whole delta: it is dropped and
+  // counted, and the thread goes on with the others.
+  for (auto entry = in_flight_.begin(); entry != in_flight_.end();) {
+    auto& [fragment, sending] = *entry;
+    bool refused = false;
     while (sending.next < sending.pieces.size()) {
       Headers headers = delta_headers(sending.header);
       if (sending.pieces.size() > 1)
@@ -103,10 +110,26 @@ void DeltaPublisher::hand_over_locked(Producer& producer) {
                     .key = std::to_string(fragment),
                     .value = sending.pieces[sending.next],
                     .headers = std::move(headers)};
-      if (producer.try_produce(record, fragment) == Producer::Enqueue::QueueFull) break;
+      try {
+        if (producer.try_produce(record, fragment) == Producer::Enqueue::QueueFull) break;
+      } catch (const InvalidInput& e) {
+        std::cerr << "learner: the delta of fragment " << fragment << " seq " << sending.header.seq
+                  << " cannot be sent, dropped: " << e.what() << "\n";
+        refused = true;
+        break;
+      }
       std::vector<uint8_t>().swap(sending.pieces[sending.next]);  // the producer has its copy
       ++sending.next;
     }
+    // Pieces already handed over would still be acknowledged; only a first piece is ever refused
+    // (they are all of one size), so nothing of the delta is in the producer.
+    if (refused && sending.next == 0) {
+      ++stats_.failed;
+      metrics_.add("deltas_failed_total", 1);
+      entry = in_flight_.erase(entry);
+      continue;
+    }
+    ++entry;
   }
   if (heartbeat_ && !heartbeat_in_flight_) {
     Record record{.topic = options_.topics.members(), .partition = 0, .key = heartbeat_->first,
@@ -119,12 +142,24 @@ void DeltaPublisher::hand_over_locked(Producer& producer) {
 }
 
 void DeltaPublisher::run() {
+  // Whatever goes wrong here must not end the learner (an exception leaving a thread terminates
+  // the process): it is counted, said at most once a minute, and the loop goes on.
+  auto last_said = std::chrono::steady_clock::now() - std::chrono::hours(1);
   while (!stop_) {
-    {
-      std::lock_guard lock(mutex_);
-      hand_over_locked(*producer_);
+    try {
+      {
+        std::lock_guard lock(mutex_);
+        hand_over_locked(*producer_);
+      }
+      producer_->poll(20);
+    } catch (const std::exception& e) {
+      metrics_.add("publisher_errors_total", 1);
+      if (std::chrono::steady_clock::now() - last_said >= std::chrono::minutes(1)) {
+        last_said = std::chrono::steady_clock::now();
+        std::cerr << "learner: publisher: " << e.what() << " (going on)\n";
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
     }
-    producer_->poll(20);
   }
 }
 

@@ -142,7 +142,10 @@ void ParamInbox::run() {
     }
   };
 
-  while (!stop_) {
+  // Whatever goes wrong in a turn must not end the learner (an exception leaving a thread
+  // terminates the process): it is counted, said at most once a minute, and the loop goes on.
+  auto last_said = Clock::now() - std::chrono::hours(1);
+  while (!stop_) try {
     if (!members) open_members();
     if (members) {
       try {
@@ -244,6 +247,13 @@ void ParamInbox::run() {
       ++rejected_;
       metrics_.add("params_rejected_total", 1, {{"reason", reject_reason_name(e.reason)}});
     }
+  } catch (const std::exception& e) {
+    metrics_.add("inbox_errors_total", 1);
+    if (Clock::now() - last_said >= std::chrono::minutes(1)) {
+      last_said = Clock::now();
+      std::cerr << "learner: parameter inbox: " << e.what() << " (going on)\n";
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
 }
 
