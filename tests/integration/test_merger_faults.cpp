@@ -692,3 +692,24 @@ TEST_CASE("a checkpoint that takes longer than 10 s to write on a throttled brok
     merger->signal(SIGKILL);
   }
 }
+
+TEST_CASE("audit names a version announced in members that the merge log does not hold", "[merger][faults][audit]") {
+  FaultRun r("audit-announced", {"merger.quorum=1"});
+  auto merger = r.merger("M0");
+  r.genesis("M0");
+  r.stop_and_audit(*merger);  // a clean run: every announced version 0 is in the log
+  // What a merger whose merge commit failed once announced: version 1 of fragment 0, held in
+  // memory only; and a version 0 with bits other than the log's.
+  Member m{.run_id = r.run, .instance_id = "M9", .role = Role::Merger, .endpoint = "tcp://127.0.0.1:1",
+           .owned_fragments = {0, 2}, .fragment_versions = {1, 0}, .fragment_checksums = {11, 22}};
+  Producer producer({.kafka = r.kafka}, nullptr);
+  producer.produce({.topic = r.topics.members(), .partition = 0, .key = "M9", .value = encode_member(m)}, 0, 10000);
+  REQUIRE(producer.flush(20000) == 0);
+  auto audit = testing::audit_run(r.kafka, r.config, {"r0"});
+  INFO(audit.report());
+  REQUIRE(audit.problems.size() == 2);
+  CHECK_THAT(audit.problems[0], Catch::StartsWith("merger M9 announced version 1 of fragment 0") &&
+                                    Catch::EndsWith("which the merge log does not hold"));
+  CHECK_THAT(audit.problems[1], Catch::StartsWith("merger M9 announced version 0 of fragment 2") &&
+                                    Catch::Contains("with checksum 22; the log's version has checksum"));
+}

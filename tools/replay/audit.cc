@@ -1,5 +1,8 @@
 // diloco-replay audit: the run's invariants checked from its logs (replay.h).
+#include <map>
+#include <optional>
 #include <ostream>
+#include <tuple>
 
 #include <nlohmann/json.hpp>
 
@@ -36,6 +39,34 @@ RunAudit audit(const ReplayRun& run) {
       a.rejected.insert(position_key(decode_rejected(m.value, limits).source));
     } catch (const InvalidInput& e) {
       a.problems.push_back("rejected@" + std::to_string(m.offset) + " does not decode: " + e.what());
+    }
+  }, run.timeout_ms);
+  // Every version a process announced in `members` (a merger's owned versions with their
+  // checksums, a learner's held versions): read before the merges, so each was announced before
+  // the merge log is read, and must be in it, with the same checksum. A version announced from
+  // a state the log does not hold (a merge whose commit failed) is a problem even if a version of
+  // that number was committed later from other inputs.
+  struct Announced {
+    std::string who;
+    int64_t stamp_ms = 0;
+    std::optional<uint64_t> checksum;
+  };
+  std::map<std::tuple<uint32_t, uint64_t, std::optional<uint64_t>>, Announced> announced;
+  read_to_end(*run.reader, {run.topics.members()}, [&](const ConsumedMessage& m) {
+    if (m.tombstone) return;
+    Member member;
+    try {
+      member = decode_member(m.value, limits);
+    } catch (const InvalidInput& e) {
+      a.problems.push_back("members@" + std::to_string(m.offset) + " does not decode: " + e.what());
+      return;
+    }
+    for (size_t i = 0; i < member.owned_fragments.size(); ++i) {
+      std::optional<uint64_t> checksum;
+      if (i < member.fragment_checksums.size()) checksum = member.fragment_checksums[i];
+      announced.try_emplace({member.owned_fragments[i], member.fragment_versions[i], checksum},
+                            Announced{std::string(role_name(member.role)) + " " + member.instance_id,
+                                      m.timestamp_ms, checksum});
     }
   }, run.timeout_ms);
   // The last commit's markers, or a killed merger's transaction until the broker aborts it, can
@@ -122,6 +153,22 @@ RunAudit audit(const ReplayRun& run) {
   for (const auto& [fragment, list] : a.versions)
     if (list.empty() || list.front().version != 0)
       a.problems.push_back("fragment " + std::to_string(fragment) + " has merges but no genesis record");
+  for (const auto& [key, who] : announced) {
+    const auto& [fragment, version, checksum] = key;
+    ++a.announcements;
+    const auto it = a.versions.find(fragment);
+    const AuditedVersion* committed = nullptr;
+    if (it != a.versions.end())
+      for (const auto& v : it->second)
+        if (v.version == version) committed = &v;
+    const std::string what = who.who + " announced version " + std::to_string(version) + " of fragment " +
+                             std::to_string(fragment) + " (members, time " + std::to_string(who.stamp_ms) + " ms)";
+    if (!committed)
+      a.problems.push_back(what + ", which the merge log does not hold");
+    else if (checksum && *checksum != committed->checksum)
+      a.problems.push_back(what + " with checksum " + std::to_string(*checksum) + "; the log's version has checksum " +
+                           std::to_string(committed->checksum));
+  }
   return a;
 }
 

@@ -182,6 +182,7 @@ struct RunAudit {
   std::map<std::tuple<uint32_t, std::string, uint64_t>, int> merged_on_base;
   std::map<uint32_t, std::vector<AuditedVersion>> versions;  // per fragment, in log order (merges only)
   size_t merges = 0;
+  size_t announcements = 0;  // distinct (fragment, version, checksum) announced in `members`
   std::vector<std::string> problems;
   bool ok() const { return problems.empty(); }
 };
@@ -190,7 +191,9 @@ struct RunAudit {
 // or recorded as pending at a clean stop; every proposal of version 0 is either named by its
 // fragment's one genesis record or rejected; no delta is merged twice; no learner has two merged deltas
 // on the same base of a fragment (its progress would count twice); per fragment, versions start
-// at a genesis record and only move forward by one. A merges partition whose transaction stays open (a killed merger's, until
+// at a genesis record and only move forward by one; every version a merger or learner announced
+// in `members` is in the merge log, with the checksum announced (none was announced before its
+// record committed). A merges partition whose transaction stays open (a killed merger's, until
 // the broker aborts it) is a problem too. Waits up to the run's timeout for open transactions.
 RunAudit audit(const ReplayRun& run);
 // A summary and one line per problem, or (json) one JSON document with the counts, the problems
