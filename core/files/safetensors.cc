@@ -7,6 +7,7 @@
 #include <bit>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <set>
 
 #include <nlohmann/json.hpp>
@@ -80,20 +81,22 @@ void save_safetensors(const std::filesystem::path& path, const std::vector<Named
   }
 }
 
-SafetensorsFile load_safetensors(const std::filesystem::path& path) {
-  auto fail = [&](const std::string& why) { return InvalidInput("model file " + path.string() + ": " + why); };
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw fail("no such file, or it cannot be read");
-  in.seekg(0, std::ios::end);
-  const auto size = static_cast<uint64_t>(in.tellg());
-  in.seekg(0);
+namespace {
+
+// Reads n bytes at `offset` of the file or buffer into `out`; false when they are not all there.
+using ReadAt = std::function<bool(uint64_t offset, void* out, uint64_t n)>;
+
+// The reader of both entry points: `size` bytes reached through `read_at`, `what` naming them in
+// every error ("model file PATH").
+SafetensorsFile read_safetensors(uint64_t size, const ReadAt& read_at, const std::string& what) {
+  auto fail = [&](const std::string& why) { return InvalidInput(what + ": " + why); };
   uint64_t length = 0;
-  if (size < 8 || !in.read(reinterpret_cast<char*>(&length), 8))
+  if (size < 8 || !read_at(0, &length, 8))
     throw fail("not a safetensors file (shorter than its 8-byte header length)");
   if (length > kMaxHeaderBytes || length > size - 8)
     throw fail(detail::concat("not a safetensors file (a header of ", length, " bytes in a file of ", size, ")"));
   std::string text(length, '\0');
-  in.read(text.data(), static_cast<std::streamsize>(length));
+  if (!read_at(8, text.data(), length)) throw fail("the file ends inside its header");
   nlohmann::json header;
   try {
     header = nlohmann::json::parse(text);
@@ -119,12 +122,20 @@ SafetensorsFile load_safetensors(const std::filesystem::path& path) {
         throw fail("tensor '" + name + "' is " + dtype + "; the project reads F32 tensors only");
       Entry e;
       e.tensor.name = name;
-      e.tensor.shape = value.at("shape").get<std::vector<int64_t>>();
-      const auto range = value.at("data_offsets").get<std::vector<uint64_t>>();
+      // Whole numbers only: 2.5 or 1e30 would be truncated, or overflow the conversion.
+      const auto& shape = value.at("shape");
+      const auto& offsets = value.at("data_offsets");
+      if (!shape.is_array() || !std::all_of(shape.begin(), shape.end(), [](const auto& d) { return d.is_number_integer(); }))
+        throw fail("tensor '" + name + "': its shape is not a list of whole numbers");
+      if (!offsets.is_array() || !std::all_of(offsets.begin(), offsets.end(), [](const auto& o) { return o.is_number_unsigned(); }))
+        throw fail("tensor '" + name + "': bad data_offsets (not a list of whole numbers)");
+      e.tensor.shape = shape.get<std::vector<int64_t>>();
+      const auto range = offsets.get<std::vector<uint64_t>>();
       if (range.size() != 2 || range[0] > range[1] || range[1] > data_bytes) throw fail("tensor '" + name + "': bad data_offsets");
       for (int64_t d : e.tensor.shape)
         if (d < 0) throw fail("tensor '" + name + "': a negative dimension");
-      if (range[1] - range[0] != static_cast<uint64_t>(numel(e.tensor.shape)) * 4)
+      // numel saturates at 2^62, which no byte range of the file reaches (times 4 it would wrap).
+      if ((range[1] - range[0]) % 4 != 0 || (range[1] - range[0]) / 4 != static_cast<uint64_t>(numel(e.tensor.shape)))
         throw fail("tensor '" + name + "': its byte range does not hold its shape");
       e.begin = range[0];
       e.end = range[1];
@@ -136,12 +147,33 @@ SafetensorsFile load_safetensors(const std::filesystem::path& path) {
   std::sort(entries.begin(), entries.end(), [](const Entry& a, const Entry& b) { return a.begin < b.begin; });
   for (auto& e : entries) {
     e.tensor.values.resize((e.end - e.begin) / 4);
-    in.seekg(static_cast<std::streamoff>(8 + length + e.begin));
-    if (!in.read(reinterpret_cast<char*>(e.tensor.values.data()), static_cast<std::streamsize>(e.end - e.begin)))
+    if (!read_at(8 + length + e.begin, e.tensor.values.data(), e.end - e.begin))
       throw fail("tensor '" + e.tensor.name + "': the file ends inside its data");
     out.tensors.push_back(std::move(e.tensor));
   }
   return out;
+}
+
+}  // namespace
+
+SafetensorsFile load_safetensors(const std::filesystem::path& path) {
+  const std::string what = "model file " + path.string();
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw InvalidInput(what + ": no such file, or it cannot be read");
+  in.seekg(0, std::ios::end);
+  const auto size = static_cast<uint64_t>(in.tellg());
+  return read_safetensors(size, [&](uint64_t offset, void* out, uint64_t n) {
+    in.seekg(static_cast<std::streamoff>(offset));
+    return static_cast<bool>(in.read(static_cast<char*>(out), static_cast<std::streamsize>(n)));
+  }, what);
+}
+
+SafetensorsFile parse_safetensors(std::span<const uint8_t> bytes, const std::string& name) {
+  return read_safetensors(bytes.size(), [&](uint64_t offset, void* out, uint64_t n) {
+    if (offset > bytes.size() || n > bytes.size() - offset) return false;
+    if (n != 0) std::memcpy(out, bytes.data() + offset, n);
+    return true;
+  }, name);
 }
 
 }  // namespace diloco

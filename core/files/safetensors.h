@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <map>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -36,5 +37,9 @@ struct SafetensorsFile {
 // Reads every tensor. Throws InvalidInput naming the file and the problem for a missing file, a
 // malformed header, a dtype other than F32 (naming the tensor), or byte ranges that do not fit.
 SafetensorsFile load_safetensors(const std::filesystem::path& path);
+
+// The same reader on a file's bytes in memory; `name` stands for the file in error messages
+// ("model file NAME: ..." for load_safetensors).
+SafetensorsFile parse_safetensors(std::span<const uint8_t> bytes, const std::string& name);
 
 }  // namespace diloco

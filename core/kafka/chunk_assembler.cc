@@ -54,7 +54,6 @@ ChunkAssembler::Result ChunkAssembler::add(ConsumedMessage record, double now) {
     open.total_bytes = piece.total_bytes;
     open.checksum = piece.checksum;
     open.collect = !start_filter_ || (piece.index == 0 && start_filter_(record));
-    open.pieces.resize(open.collect ? piece.count : 0);
     open.head = record;
     open.head.value.clear();
     it = open_.emplace(key, std::move(open)).first;
@@ -72,7 +71,7 @@ ChunkAssembler::Result ChunkAssembler::add(ConsumedMessage record, double now) {
                                record.value.size()});
     return result;
   }
-  if (!open.pieces[piece.index].empty()) {
+  if (open.pieces.count(piece.index)) {
     result.problems.push_back({at, RejectReason::ChunkDuplicate,
                                "piece " + std::to_string(piece.index) + " of message " + std::to_string(piece.message) +
                                    " arrived again (first piece at " + describe(position_of(open.head)) + ")",
@@ -87,16 +86,16 @@ ChunkAssembler::Result ChunkAssembler::add(ConsumedMessage record, double now) {
     return result;
   }
   open.bytes += piece.data.size();
-  open.pieces[piece.index] = std::move(piece.data);
+  open.pieces.emplace(piece.index, std::move(piece.data));
   if (++open.arrived < open.count) return result;
 
   ConsumedMessage whole = std::move(open.head);
   whole.last_offset = record.offset;
   whole.value.clear();
-  whole.value.reserve(open.total_bytes);
-  for (auto& p : open.pieces) {
-    whole.value.insert(whole.value.end(), p.begin(), p.end());
-    std::vector<uint8_t>().swap(p);
+  whole.value.reserve(open.bytes);  // what arrived (at most total_bytes, which a piece only declares)
+  for (auto& piece_data : open.pieces) {
+    whole.value.insert(whole.value.end(), piece_data.second.begin(), piece_data.second.end());
+    std::vector<uint8_t>().swap(piece_data.second);
   }
   const uint64_t message = open.message;
   const uint64_t checksum = open.checksum;

@@ -78,7 +78,9 @@ class ChunkAssembler {
     uint64_t checksum = 0;
     bool collect = true;                   // false: turned down by the filter
     ConsumedMessage head;                  // first piece seen (value cleared)
-    std::vector<std::vector<uint8_t>> pieces;  // by index; empty: not arrived
+    // The pieces arrived, by index: memory for what arrived only, never for the count a piece
+    // declares (up to kMaxChunks: sized up front, one small record would cost 24 MiB).
+    std::map<uint32_t, std::vector<uint8_t>> pieces;
     uint32_t arrived = 0;
     uint64_t bytes = 0;
     double last_seen = 0;

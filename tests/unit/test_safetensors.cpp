@@ -163,6 +163,49 @@ TEST_CASE("a truncated or malformed file is refused with the file's name, never 
   CHECK_THAT(refusal(bad), Contains("not a safetensors file"));
 }
 
+// Found by fuzz/safetensors.cc: a shape of 2^31 x 2^31 counted 2^62 values, whose 2^64 bytes
+// wrapped to 0 and matched an empty byte range, so the file was read as a tensor without values;
+// a shape or range of fractions (or 1e30) was cast to integers (truncated, or undefined).
+TEST_CASE("a shape or byte range that is not whole numbers, or whose size wraps around, is refused", "[safetensors]") {
+  TempDir dir;
+  const auto bad = dir.path / "bad.safetensors";
+  const int64_t big = int64_t{1} << 31;
+  nlohmann::json header = {{"w", {{"dtype", "F32"}, {"shape", {big, big}}, {"data_offsets", {0, 0}}}}};
+  write_bytes(bad, file_of(header, ""));
+  CHECK_THAT(refusal(bad), Contains("tensor 'w': its byte range does not hold its shape"));
+  header = {{"w", {{"dtype", "F32"}, {"shape", {2.5}}, {"data_offsets", {0, 8}}}}};
+  write_bytes(bad, file_of(header, bytes_of({1, 2})));
+  CHECK_THAT(refusal(bad), Contains("tensor 'w': its shape is not a list of whole numbers"));
+  header = {{"w", {{"dtype", "F32"}, {"shape", {1e30}}, {"data_offsets", {0, 8}}}}};
+  write_bytes(bad, file_of(header, bytes_of({1, 2})));
+  CHECK_THAT(refusal(bad), Contains("tensor 'w': its shape is not a list of whole numbers"));
+  header = {{"w", {{"dtype", "F32"}, {"shape", {2}}, {"data_offsets", {0, 8.5}}}}};
+  write_bytes(bad, file_of(header, bytes_of({1, 2, 3})));
+  CHECK_THAT(refusal(bad), Contains("tensor 'w': bad data_offsets"));
+}
+
+TEST_CASE("parse_safetensors reads a file's bytes as load_safetensors reads the file", "[safetensors]") {
+  TempDir dir;
+  const auto path = dir.path / "model.safetensors";
+  save_safetensors(path, kTensors, {{"info", "{}"}});
+  const std::string bytes = read_bytes(path);
+  const auto loaded = load_safetensors(path);
+  const auto parsed = parse_safetensors({reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size()}, "in memory");
+  REQUIRE(parsed.tensors.size() == loaded.tensors.size());
+  for (size_t i = 0; i < parsed.tensors.size(); ++i) {
+    CHECK(parsed.tensors[i].name == loaded.tensors[i].name);
+    CHECK(parsed.tensors[i].shape == loaded.tensors[i].shape);
+    CHECK(parsed.tensors[i].values == loaded.tensors[i].values);
+  }
+  CHECK(parsed.metadata == loaded.metadata);
+  try {
+    (void)parse_safetensors({reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size() - 1}, "in memory");
+    FAIL("a cut file was accepted");
+  } catch (const InvalidInput& e) {
+    CHECK_THAT(e.what(), Contains("in memory: tensor"));
+  }
+}
+
 TEST_CASE("a write replaces the file whole or not at all", "[safetensors]") {
   TempDir dir;
   const auto path = dir.path / "model.safetensors";

@@ -1,0 +1,1 @@
+command: nice -n 10 build-fuzz/bin/fuzz-learner_state -runs=6280697 -max_total_time=1140 -print_final_stats=1 -timeout=10 -rss_limit_mb=2048 -artifact_prefix=/tmp/ls-findings/learner_state- /tmp/ls-corpus fuzz/corpus/learner_state   (resumes from the corpus of the first 600 s run; started 2026-12-06 08:25:17 UTC)
