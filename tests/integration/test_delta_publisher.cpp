@@ -10,7 +10,7 @@
 using namespace diloco;
 using namespace std::chrono_literals;
 
-TEST_CASE("a delta the producer refuses is dropped and counted; the publisher goes on with the others",
+TEST_CASE("a delta the producer refuses is dropped and counted, and the publisher goes on with the others",
           "[learner][publisher]") {
   KafkaOptions kafka = testing::require_broker();
   const std::string run = testing::unique_run_id("publisher");

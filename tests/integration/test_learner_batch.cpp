@@ -42,7 +42,7 @@ size_t count_events(const std::string& path, const std::string& event, const std
 
 }  // namespace
 
-TEST_CASE("learners of different batch sizes share a run, merged by their real tokens; a delta claiming more than "
+TEST_CASE("learners of different batch sizes share a run, merged by their real tokens, and a delta claiming more than "
           "its learner announced is refused and the learner is told why",
           "[learner][batch]") {
   testing::TinyRun r("batch", {"train.eval_every=0", "diloco.H=8", "merger.quorum=2"});
