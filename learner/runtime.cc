@@ -148,6 +148,7 @@ struct LearnerRuntime::Impl {
   const uint64_t incarnation = draw_incarnation();
   Clock::time_point start_time = Clock::now();
   Clock::time_point last_heartbeat{};
+  Clock::time_point last_refusal_poll{};
   Clock::time_point last_step_end = Clock::now();
   double step_time_ema = 0;
   double tokens_per_s = 0;
@@ -728,7 +729,11 @@ void LearnerRuntime::step(const StepReport& report) {
   if (std::isfinite(loss)) s.metrics.set("train_loss", loss);
   s.metrics.add("tokens_total", static_cast<double>(report.tokens));
   s.heartbeat();
-  if (s.refusals) s.refusals->poll();
+  // What the mergers refused is news on the heartbeat's scale, not the step's: read once a second.
+  if (s.refusals && seconds_since(s.last_refusal_poll) >= 1.0) {
+    s.last_refusal_poll = Clock::now();
+    s.refusals->poll();
+  }
   if (s.o.log_every > 0 && s.step % static_cast<uint64_t>(s.o.log_every) == 0)
     s.write_step_line(std::isfinite(loss) ? loss : s.last_loss);
   s.wait_for_merges(loss);

@@ -91,8 +91,8 @@ class MergerProcess : public RebalanceListener {
                       .limits = limits(), .pool = &pool_, .reader = log_reader_};
   }
   std::vector<uint32_t> fragments_of(int32_t partition) const;
-  // Learners report their own tokens (a user's model, any batch): only the decoder's bound on
-  // tokens per step and the norm bound apply.
+  // The norm bound; a delta's tokens are bounded by its own learner's announcement
+  // (Membership::declared, passed to each offer) and the decoder's limit.
   InputBounds input_bounds() const { return InputBounds{.max_norm_ratio = o_.config.merger.max_norm_ratio}; }
   void adopt_layout(std::shared_ptr<const FragmentLayout> layout);
   int transaction_timeout() const;
@@ -203,8 +203,6 @@ MergerProcess::MergerProcess(const MergerOptions& options, const std::atomic<boo
   chunks_ = std::make_unique<ChunkAssembler>(limits());
 }
 
-// The run's layout, once: a model whose messages cannot travel is refused (the learners check it
-// before proposing, so a proposal that fails here was made with other Kafka limits).
 // The transaction timeout the run's model needs (merger.transaction_seconds alone before the
 // layout is known: the genesis checkpoints wait for it).
 int MergerProcess::transaction_timeout() const {
@@ -231,6 +229,8 @@ void MergerProcess::make_writer(int timeout_ms) {
               << o_.config.merger.min_write_mb_per_s << ": run more mergers (fewer fragments each) or a faster link\n";
 }
 
+// The run's layout, once: a model whose messages cannot travel is refused (the learners check it
+// before proposing, so a proposal that fails here was made with other Kafka limits).
 void MergerProcess::adopt_layout(std::shared_ptr<const FragmentLayout> layout) {
   check_message_sizes(o_.config, *layout, o_.kafka.max_message_bytes);
   // Tightened, not replaced: a new assembler would drop the pieces of other proposals (and
