@@ -48,8 +48,11 @@ TEST_CASE("learners of different batch sizes share a run, merged by their real t
   testing::TinyRun r("batch", {"train.eval_every=0", "diloco.H=8", "merger.quorum=2"});
   const int context = r.config.model.context;
   auto merger = testing::start_merger(r.kafka, r.dir, "M0", r.sets);
-  auto small = learner(r, "small", 0, 4, 60);
-  auto large = learner(r, "large", 1, 16, 60);
+  // The learners train until stopped: the liar's drop is recorded with a later merge of fragment 0,
+  // which only learners still running bring (on a slow machine a fixed number of steps can end
+  // before the liar's delta is read).
+  auto small = learner(r, "small", 0, 4, 100000);
+  auto large = learner(r, "large", 1, 16, 100000);
 
   // A learner that lies: it announces 1 sequence of 1 token per step, then sends a delta that
   // claims 10 steps of 16 x context tokens. It watches for refusals as every learner does.
@@ -99,8 +102,15 @@ TEST_CASE("learners of different batch sizes share a run, merged by their real t
                                                          "sequences x 1 tokens per step that learner liar announced")));
   CHECK(metrics.value("deltas_refused_total", {{"reason", "invalid"}}) == 1);
 
+  // Enough merges for the checks below, then a clean stop.
+  REQUIRE(testing::eventually([&] {
+    size_t merges = 0;
+    for (const auto& j : testing::read_json_lines(merger_log)) merges += j.value("event", "") == "merge";
+    return merges >= 6;
+  }, 120s));
+  for (auto* l : {small.get(), large.get()}) l->signal(SIGTERM);
   for (auto* l : {small.get(), large.get()}) {
-    auto code = l->wait_exit(180s);
+    auto code = l->wait_exit(60s);
     INFO(l->log());
     REQUIRE(code == std::optional<int>(0));
   }
