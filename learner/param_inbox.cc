@@ -8,6 +8,7 @@
 #include <set>
 
 #include "core/kafka/consumer.h"
+#include "core/kafka/run_log.h"
 #include "core/zmq/params_channel.h"
 #include "learner/snapshot_asks.h"
 
@@ -67,7 +68,8 @@ void ParamInbox::run() {
   };
   for (const auto& e : options_.endpoints) connect(e);
 
-  // Follow `members` from the beginning (compacted: the latest announcement of each instance).
+  // Follow `members` from its recent tail (core/kafka/run_log.h): every live merger announced
+  // itself there, and a run's older heartbeats are many.
   std::unique_ptr<Consumer> members;
   auto open_members = [&] {
     try {
@@ -75,7 +77,9 @@ void ParamInbox::run() {
       consumer_options.kafka.client_id = options_.kafka.client_id + "-members";
       consumer_options.assign_metadata_ms = options_.members_metadata_ms;
       members = std::make_unique<Consumer>(consumer_options);
-      members->assign({{options_.topics.members(), 0, -2 /* beginning */}});
+      members->assign({{options_.topics.members(), 0,
+                        members_tail_offset(*members, options_.topics, options_.members_lookback_s,
+                                            options_.members_metadata_ms)}});
     } catch (const Error& e) {
       std::cerr << "learner: cannot follow " << options_.topics.members() << " yet: " << e.what() << "\n";
       members.reset();
@@ -149,7 +153,7 @@ void ParamInbox::run() {
     if (!members) open_members();
     if (members) {
       try {
-        for (int i = 0; i < 16; ++i) {
+        for (int i = 0; i < 4096; ++i) {  // what was fetched, within a bound that keeps a turn short
           auto message = members->poll(0);
           if (!message) break;
           {

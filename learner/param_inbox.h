@@ -45,6 +45,9 @@ struct ParamInboxOptions {
   double request_interval_s = 1.0;
   double request_interval_max_s = 16.0;
   int members_metadata_ms = 5000;  // the wait for the members topic's metadata when opening it
+  // `members` is followed from its records of the last members_lookback_s (every live merger
+  // announced itself since): merger.members_lookback_seconds.
+  double members_lookback_s = 120;
   // The versions the learner starts from (read from the `state` topic, so bit for bit the
   // mergers'): updates on them apply at once, and no snapshot is asked for while the mergers
   // announce nothing newer.

@@ -2,9 +2,11 @@
 
 #include <sys/resource.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <limits>
 #include <iostream>
 #include <map>
 #include <random>
@@ -50,24 +52,50 @@ uint64_t draw_incarnation() {
   return (static_cast<uint64_t>(device()) << 32 | device()) | 1;  // never 0 (older binaries' value)
 }
 
-// The newest record of each key of `members`, in log order (a tombstone removes the key).
+// The records of `members` that say where the run stands for learner `self`, in log order: those
+// of the last `lookback_s` (every live process announced itself since), `self`'s own of any age
+// (a learner restarted after a long stop continues where it stopped), and the newest record
+// before the tail (its stamp is the broker's "now" when nothing is recent). The others, a run's
+// old heartbeats, are skipped undecoded.
 std::vector<MemberRecord> read_members(const KafkaOptions& kafka, const RunTopics& topics, const DecodeLimits& limits,
-                                       int timeout_ms) {
+                                       const std::string& self, double lookback_s, int timeout_ms) {
   std::vector<MemberRecord> records;
-  read_partitions_to_end(
-      kafka, {{topics.members(), 0, -2}},
+  LogReader reader(kafka);
+  const int64_t now_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                             std::chrono::system_clock::now().time_since_epoch()).count();
+  int64_t tail = 0;
+  try {
+    tail = reader.offset_at_time(topics.members(), 0, now_ms - static_cast<int64_t>(lookback_s * 1000), timeout_ms)
+               .value_or(std::numeric_limits<int64_t>::max());
+  } catch (const Unavailable&) {
+    tail = 0;  // everything is decoded
+  }
+  std::optional<ConsumedMessage> newest_skipped;
+  auto take = [&](const ConsumedMessage& m) {
+    MemberRecord r{.key = m.key, .stamp_ms = m.timestamp_ms};
+    if (!m.tombstone) {
+      try {
+        r.member = decode_member(m.value, limits);
+      } catch (const Rejection&) {
+        return;  // not an announcement of this run: it says nothing about where the run stands
+      }
+    }
+    records.push_back(std::move(r));
+  };
+  reader.read_to_end(
+      {{topics.members(), 0, -2}},
       [&](const ConsumedMessage& m) {
-        MemberRecord r{.key = m.key, .stamp_ms = m.timestamp_ms};
-        if (!m.tombstone) {
-          try {
-            r.member = decode_member(m.value, limits);
-          } catch (const Rejection&) {
-            return;  // not an announcement of this run: it says nothing about where the run stands
-          }
+        if (m.offset >= tail) {
+          if (newest_skipped) take(*std::exchange(newest_skipped, std::nullopt));
+          take(m);
+        } else if (m.key == self) {
+          take(m);
+        } else {
+          newest_skipped = m;
         }
-        records.push_back(std::move(r));
       },
       timeout_ms);
+  if (newest_skipped) take(*newest_skipped);
   return records;
 }
 
@@ -244,7 +272,8 @@ bool LearnerRuntime::Impl::claim_id(std::vector<MemberRecord>& records) {
     if (stopping()) return false;
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
-  records = read_members(o.kafka, topics, limits(), o.members_read_ms);
+  records = read_members(o.kafka, topics, limits(), o.learner_id, o.config.merger.members_lookback_seconds,
+                         o.members_read_ms);
   Claim after = claim_of(o.learner_id, records);
   if (after.own && !after.own->member->leaving &&
       (after.own->stamp_ms != before.own->stamp_ms || after.own->member->incarnation != before.own->member->incarnation))
@@ -634,7 +663,10 @@ bool LearnerRuntime::start() {
   }
   std::vector<MemberRecord> records;
   try {
-    records = read_members(s.o.kafka, s.topics, s.limits(), s.o.members_read_ms);
+    const auto t0 = Clock::now();
+    records = read_members(s.o.kafka, s.topics, s.limits(), s.o.learner_id,
+                           s.o.config.merger.members_lookback_seconds, s.o.members_read_ms);
+    s.log({{"event", "members_read"}, {"records", records.size()}, {"seconds", seconds_since(t0)}});
   } catch (const Unavailable& e) {
     s.say("cannot read " + s.topics.members() + " (" + e.what() + "): starting as a new learner");
   }
@@ -657,7 +689,8 @@ bool LearnerRuntime::start() {
       s.metrics);
   s.inbox = std::make_unique<ParamInbox>(
       ParamInboxOptions{.kafka = s.o.kafka, .topics = s.topics, .limits = s.limits(),
-                        .endpoints = s.o.merger_endpoints, .held = std::move(s.held_at_start)},
+                        .endpoints = s.o.merger_endpoints,
+                        .members_lookback_s = s.o.config.merger.members_lookback_seconds, .held = std::move(s.held_at_start)},
       s.metrics);
   if (s.o.mode == LearnerMode::Train)
     s.refusals = std::make_unique<RefusalWatch>(

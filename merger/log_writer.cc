@@ -43,6 +43,14 @@ LogWriter::LogWriter(const KafkaOptions& kafka, const std::string& transactional
   producer_->init_transactions(t_.init_transactions_ms);
 }
 
+std::vector<std::string> stale_piece_keys(const std::string& key, uint64_t before, uint64_t now) {
+  std::vector<std::string> keys;
+  if (before == 0 || before == now) return keys;
+  if (before == 1) return {key};  // the earlier value was whole; the new one is in pieces
+  for (uint64_t i = now == 1 ? 0 : now; i < before; ++i) keys.push_back(key + "/" + std::to_string(i));
+  return keys;
+}
+
 std::optional<LogPosition> LogWriter::commit(std::span<const LogWrite> writes,
                                              const std::vector<TopicPartitionOffset>& offsets, Consumer& consumer,
                                              bool merge) {
@@ -60,6 +68,9 @@ std::optional<LogPosition> LogWriter::commit(std::span<const LogWrite> writes,
                           .key = count == 1 ? w.key : w.key + "/" + std::to_string(i), .value = piece},
                          next_token_++, t_.produce_ms);
     });
+    for (const auto& key : stale_piece_keys(w.key, w.replaces_pieces, piece_count(w.value.size(), w.chunk_bytes)))
+      producer_->produce({.topic = w.topic, .partition = w.partition, .key = key, .value = {}}, next_token_++,
+                         t_.produce_ms);
   }
   if (merge && ++merge_commits_ == fail_commit_at_) {
     if (on_injected_fault_) on_injected_fault_();

@@ -35,7 +35,16 @@ struct LogWrite {
   // when there is more than one), so they never exist all at once beside the message.
   std::optional<ChunkId> chunk_id;
   uint64_t chunk_bytes = 0;
+  // The pieces this key's previous value went out in (0: none, or not known). The keys of those
+  // pieces this write does not overwrite get tombstones in the same transaction: the topic is
+  // compacted by key, so a piece of a checkpoint that shrank would stay forever.
+  uint64_t replaces_pieces = 0;
 };
+
+// The keys of a value's earlier pieces (`before` of them) that a value of `now` pieces leaves
+// behind: "<key>/<i>" for i >= now (or every one when `now` is 1, written under "<key>"), and
+// "<key>" when the earlier value was whole and the new one is in pieces.
+std::vector<std::string> stale_piece_keys(const std::string& key, uint64_t before, uint64_t now);
 
 // The broker's default transaction.max.timeout.ms: a producer may not ask for more.
 inline constexpr int kMaxTransactionTimeoutMs = 900000;

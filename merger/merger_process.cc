@@ -23,6 +23,7 @@
 #include "core/kafka/chunk_assembler.h"
 #include "core/kafka/consumer.h"
 #include "core/kafka/producer.h"
+#include "core/kafka/run_log.h"
 #include "core/kafka/traffic.h"
 #include "core/metrics/metrics.h"
 #include "core/process.h"
@@ -179,6 +180,13 @@ class MergerProcess : public RebalanceListener {
   std::unique_ptr<LogWriter> writer_;
   std::unique_ptr<Producer> plain_;
   std::unique_ptr<Consumer> members_;
+  // Per fragment, the pieces its newest checkpoint in `state` went out in (the next one's
+  // leftover keys get tombstones: LogWrite::replaces_pieces).
+  std::map<uint32_t, uint64_t> state_pieces_;
+  // `members` read since the start, and whether its end (as of then) was reached.
+  uint64_t members_records_ = 0;
+  bool members_read_ = false;
+  Clock::time_point members_since_ = Clock::now();
   // Set by the rebalance callback (a new assignment) or by a failure in the loop; the loop
   // rebuilds the owned fragments before it handles another delta. After a failure the consumer
   // is also rewound to the committed offsets, so that every delta held in memory is read again.
@@ -296,7 +304,7 @@ void MergerProcess::add_state_write(std::vector<LogWrite>& writes, const Fragmen
   writes.push_back({.topic = topics_.state(), .partition = partition_of(p), .key = std::to_string(p),
                     .value = encode_fragment_state(state),
                     .chunk_id = ChunkId{o_.config.run.id, o_.instance_id, p, state.version},
-                    .chunk_bytes = o_.config.codec.chunk_bytes});
+                    .chunk_bytes = o_.config.codec.chunk_bytes, .replaces_pieces = state_pieces_[p]});
 }
 
 // Fault injection (MergerFaults): the stop a test times on the Nth injected fault arrives as a real
@@ -337,6 +345,7 @@ void MergerProcess::recover(const std::set<int32_t>& partitions) {
       f.merger = std::make_unique<FragmentMerger>(p, r.state.version, outer_hyper(o_.config), now(),
                                                   r.state.merged_bases, input_bounds());
       f.state = std::move(r.state);
+      state_pieces_[p] = r.state_pieces;
       log({{"event", "recovered"}, {"fragment", p}, {"version", f.state.version}, {"replayed", r.replayed.size()}});
       owned_[p] = std::move(f);
       metrics_.set("fragment_version", static_cast<double>(owned_[p].state.version), {{"fragment", std::to_string(p)}});
@@ -638,6 +647,7 @@ void MergerProcess::commit(uint32_t p, MergeRecord& record, bool write_state) {
   }
   // The record's own position becomes the next checkpoint's starting point.
   if (auto position = writer_->commit(writes, offsets, *consumer_, true)) f.state.last_merge = *position;
+  if (write_state) state_pieces_[p] = piece_count(writes.back().value.size(), o_.config.codec.chunk_bytes);
   // Chunked deltas wholly below the committed offsets can no longer hold them back.
   for (const auto& tp : offsets) {
     auto spans = spans_.find({tp.topic, tp.partition});
@@ -830,9 +840,11 @@ void MergerProcess::announce_round(uint32_t p) {
 }
 
 void MergerProcess::follow_members() {
-  for (int i = 0; i < 64; ++i) {
+  // Everything fetched, up to a bound that keeps a turn short (a merge waiting on this loop).
+  for (int i = 0; i < 4096; ++i) {
     auto message = members_->poll(0);
-    if (!message) return;
+    if (!message) break;
+    ++members_records_;
     std::optional<Member> member;
     if (!message->tombstone) {
       try {
@@ -852,6 +864,11 @@ void MergerProcess::follow_members() {
         declared && (!declared_before || declared_before->batch != declared->batch ||
                      declared_before->context != declared->context))
       log({{"event", "learner_declared"}, {"learner", id}, {"batch", declared->batch}, {"context", declared->context}});
+  }
+  if (!members_read_ && members_->at_end()) {
+    members_read_ = true;
+    log({{"event", "members_read"}, {"records", members_records_},
+         {"seconds", std::chrono::duration<double>(Clock::now() - members_since_).count()}});
   }
 }
 
@@ -931,7 +948,12 @@ int MergerProcess::run() {
     ConsumerOptions members_options{.kafka = kafka};
     members_options.kafka.client_id = o_.instance_id + "-members";
     members_ = std::make_unique<Consumer>(members_options);
-    members_->assign({{topics_.members(), 0, -2}});
+    // From the recent tail: a live learner has announced itself (batch, context, step time)
+    // since, and an older record describes a process that left.
+    members_since_ = Clock::now();
+    members_->assign({{topics_.members(), 0,
+                       members_tail_offset(*members_, topics_, o_.config.merger.members_lookback_seconds,
+                                           t_.metadata_ms)}});
   }
   ConsumerOptions group{.kafka = kafka, .group_id = "diloco." + o_.config.run.id + ".mergers",
                         .group_instance_id = o_.static_membership ? o_.instance_id : std::string(),

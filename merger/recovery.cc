@@ -259,8 +259,10 @@ std::map<uint32_t, RecoveredFragment> recover_partition(const LogContext& contex
         try {
           FragmentState s = decode_fragment_state(m.value, ctx.limits);
           auto it = out.find(s.fragment);
-          if (it != out.end() && (it->second.state.run_id.empty() || s.version >= it->second.state.version))
+          if (it != out.end() && (it->second.state.run_id.empty() || s.version >= it->second.state.version)) {
             it->second.state = std::move(s);
+            it->second.state_pieces = m.pieces;
+          }
         } catch (const Rejection&) {
           // A corrupt checkpoint is skipped: an older one plus the merge log rebuilds the same.
         }

@@ -135,6 +135,7 @@ struct RecoveredFragment {
   FragmentState state;          // the newest version the logs hold (empty while awaiting genesis)
   // No checkpoint and no merge record: no learner's proposal of version 0 was committed yet.
   bool awaiting_genesis = false;
+  uint32_t state_pieces = 0;  // the pieces the checkpoint was read from (0: none read)
   std::vector<MergeRecord> replayed;  // records applied after the checkpoint, in order
 };
 

@@ -15,11 +15,15 @@ bool is_chunk(std::span<const uint8_t> bytes) {
   return bytes.size() >= 8 && flatbuffers::BufferHasIdentifier(bytes.data(), wire::ChunkIdentifier());
 }
 
+uint64_t piece_count(uint64_t message_bytes, uint64_t chunk_bytes) {
+  if (chunk_bytes == 0) throw InvalidInput("chunk_bytes must be positive");
+  return message_bytes <= chunk_bytes ? 1 : (message_bytes + chunk_bytes - 1) / chunk_bytes;
+}
+
 void for_each_piece(std::span<const uint8_t> message, const ChunkId& id, uint64_t chunk_bytes,
                     const std::function<void(uint32_t, uint32_t, std::span<const uint8_t>)>& piece) {
-  if (chunk_bytes == 0) throw InvalidInput("chunk_bytes must be positive");
-  if (message.size() <= chunk_bytes) return piece(0, 1, message);
-  const uint64_t count = (message.size() + chunk_bytes - 1) / chunk_bytes;
+  const uint64_t count = piece_count(message.size(), chunk_bytes);
+  if (count == 1) return piece(0, 1, message);
   if (count > kMaxChunks)
     throw InvalidInput("a message of " + std::to_string(message.size()) + " bytes needs " + std::to_string(count) +
                        " chunks of " + std::to_string(chunk_bytes) + " bytes, more than " +

@@ -48,6 +48,9 @@ bool is_chunk(std::span<const uint8_t> bytes);
 // kMaxChunks pieces).
 std::vector<std::vector<uint8_t>> split_message(std::vector<uint8_t> message, const ChunkId& id, uint64_t chunk_bytes);
 
+// How many pieces split_message makes of a message of `message_bytes` (1: the message itself).
+uint64_t piece_count(uint64_t message_bytes, uint64_t chunk_bytes);
+
 // The same pieces one at a time: piece(index, count, bytes) for each, in order, where `bytes` is
 // valid only during the call (the message itself when it fits). A caller that hands each piece on
 // (a producer copies it) never holds more than one piece beside the message.

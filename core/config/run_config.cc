@@ -238,6 +238,7 @@ void parse_merger(const Section& s, RunConfig& c) {
     else if (key == "adam_epsilon") read(f, m.adam_epsilon);
     else if (key == "checkpoint_every") read(f, m.checkpoint_every);
     else if (key == "liveness_seconds") read(f, m.liveness_seconds);
+    else if (key == "members_lookback_seconds") read(f, m.members_lookback_seconds);
     else if (key == "republish_seconds") read(f, m.republish_seconds);
     else if (key == "transaction_seconds") read(f, m.transaction_seconds);
     else if (key == "min_write_mb_per_s") read(f, m.min_write_mb_per_s);
@@ -449,6 +450,9 @@ void validate_run_config(const RunConfig& c) {
   check(m.adam_epsilon > 0 && std::isfinite(m.adam_epsilon), c, "merger.adam_epsilon must be positive");
   check(m.checkpoint_every >= 1, c, "merger.checkpoint_every must be at least 1");
   check(m.liveness_seconds > 0, c, "merger.liveness_seconds must be positive");
+  check(m.members_lookback_seconds >= m.liveness_seconds, c,
+        "merger.members_lookback_seconds must be at least merger.liveness_seconds (a live learner's heartbeat "
+        "must be in the tail read)");
   check(m.republish_seconds >= 0, c, "merger.republish_seconds must be 0 (off) or positive");
 
   const auto& k = c.cluster;

@@ -132,6 +132,11 @@ struct MergerConfig {
   double adam_epsilon = 1e-8;
   uint32_t checkpoint_every = 10;    // write a FragmentState every this many versions
   double liveness_seconds = 15;      // a learner is live if it sent a heartbeat this recently
+  // How far back a process starting (or recovering) reads `members`: every live process
+  // announces itself more often than this, so older records only describe processes that left.
+  // At least liveness_seconds. (A learner looking for its own last announcement, to resume,
+  // reads further back: learner/runtime.cc.)
+  double members_lookback_seconds = 120;
   // Also re-broadcast every owned fragment this often (0: never, the default). Subscribers that
   // connect or miss a version ask for it (core/zmq/params_channel.h), so this is only a fallback.
   double republish_seconds = 0;

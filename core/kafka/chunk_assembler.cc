@@ -91,6 +91,7 @@ ChunkAssembler::Result ChunkAssembler::add(ConsumedMessage record, double now) {
 
   ConsumedMessage whole = std::move(open.head);
   whole.last_offset = record.offset;
+  whole.pieces = open.count;
   whole.value.clear();
   whole.value.reserve(open.bytes);  // what arrived (at most total_bytes, which a piece only declares)
   for (auto& piece_data : open.pieces) {

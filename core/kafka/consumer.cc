@@ -259,6 +259,17 @@ std::pair<int64_t, int64_t> Consumer::watermarks(const std::string& topic, int32
   return {low, high};
 }
 
+std::optional<int64_t> Consumer::offset_at_time(const std::string& topic, int32_t partition, int64_t ms,
+                                                int timeout_ms) {
+  std::vector<RdKafka::TopicPartition*> list{RdKafka::TopicPartition::create(topic, partition, ms)};
+  RdKafka::ErrorCode err = consumer_->offsetsForTimes(list, timeout_ms);
+  const int64_t offset = list.front()->offset();
+  RdKafka::TopicPartition::destroy(list);
+  if (err) throw Unavailable("offsets for time " + std::to_string(ms) + " of " + topic + ": " + RdKafka::err2str(err));
+  if (offset < 0) return std::nullopt;
+  return offset;
+}
+
 std::optional<int64_t> Consumer::cached_high_watermark(const std::string& topic, int32_t partition) {
   int64_t low = -1, high = -1;
   if (consumer_->get_watermark_offsets(topic, partition, &low, &high) != RdKafka::ERR_NO_ERROR || high < 0)

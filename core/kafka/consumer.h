@@ -59,6 +59,7 @@ struct ConsumedMessage {
   // first piece, with `value` the reassembled message and `last_offset` its last piece's offset
   // (for a plain record: its own offset).
   int64_t last_offset = -1;
+  uint32_t pieces = 1;  // how many pieces it came in
   int64_t end() const { return last_offset < offset ? offset : last_offset; }
 };
 
@@ -113,6 +114,9 @@ class Consumer {
   // broker (never blocks); nullopt before the first fetch. What a process in a poll loop reads:
   // a broker round trip per partition in that loop stalls it.
   std::optional<int64_t> cached_high_watermark(const std::string& topic, int32_t partition);
+  // The first offset of the partition whose timestamp is at or after `ms` (broker timestamps),
+  // or nullopt when there is none. Throws Unavailable when the broker does not answer.
+  std::optional<int64_t> offset_at_time(const std::string& topic, int32_t partition, int64_t ms, int timeout_ms);
 
   RdKafka::KafkaConsumer& raw() { return *consumer_; }
   const ConsumerOptions& options() const { return options_; }

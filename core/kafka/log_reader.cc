@@ -94,13 +94,7 @@ std::vector<UnstablePartition> LogReader::wait_until_stable(const std::vector<To
 
 std::optional<int64_t> LogReader::offset_at_time(const std::string& topic, int32_t partition, int64_t ms,
                                                  int timeout_ms) {
-  std::vector<RdKafka::TopicPartition*> list{RdKafka::TopicPartition::create(topic, partition, ms)};
-  RdKafka::ErrorCode err = consumer_.raw().offsetsForTimes(list, timeout_ms);
-  const int64_t offset = list.front()->offset();
-  RdKafka::TopicPartition::destroy(list);
-  if (err) throw Unavailable("offsets for time " + std::to_string(ms) + " of " + topic + ": " + RdKafka::err2str(err));
-  if (offset < 0) return std::nullopt;
-  return offset;
+  return consumer_.offset_at_time(topic, partition, ms, timeout_ms);
 }
 
 void LogReader::read_to_end(const std::vector<TopicPartitionOffset>& starts,

@@ -1,6 +1,7 @@
 #include "core/kafka/run_log.h"
 
 #include <algorithm>
+#include <chrono>
 
 #include "core/errors.h"
 #include "core/kafka/consumer.h"
@@ -65,6 +66,19 @@ StateScan read_states(const KafkaOptions& kafka, const RunTopics& topics, const 
     }
   }
   return scan;
+}
+
+int64_t members_tail_offset(Consumer& consumer, const RunTopics& topics, double lookback_s, int timeout_ms) {
+  const int64_t now_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                             std::chrono::system_clock::now().time_since_epoch()).count();
+  try {
+    if (auto offset = consumer.offset_at_time(topics.members(), 0, now_ms - static_cast<int64_t>(lookback_s * 1000),
+                                              timeout_ms))
+      return *offset;
+    return consumer.watermarks(topics.members(), 0, timeout_ms).second;
+  } catch (const Unavailable&) {
+    return -2;
+  }
 }
 
 }  // namespace diloco

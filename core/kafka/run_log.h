@@ -25,4 +25,13 @@ struct StateScan {
 StateScan read_states(const KafkaOptions& kafka, const RunTopics& topics, const DecodeLimits& limits,
                       uint32_t fragments, int timeout_ms = 60000);
 
+class Consumer;
+
+// Where a process that follows `members` starts reading: the first record stamped at most
+// `lookback_s` before now (every live process announced itself since; older records describe
+// processes that left), or the partition's end when none is that recent. A run that ages keeps
+// every heartbeat until compaction reaches it: reading from the beginning would cost its whole
+// history. The beginning (-2) when the broker cannot say.
+int64_t members_tail_offset(Consumer& consumer, const RunTopics& topics, double lookback_s, int timeout_ms);
+
 }  // namespace diloco

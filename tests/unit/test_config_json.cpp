@@ -82,6 +82,7 @@ adam_beta2 = 0.95
 adam_epsilon = 1e-6
 checkpoint_every = 4
 liveness_seconds = 8
+members_lookback_seconds = 40
 republish_seconds = 2.5
 transaction_seconds = 30
 min_write_mb_per_s = 0.5
@@ -108,7 +109,7 @@ TEST_CASE("run_config_json prints every field under its TOML name, and --set of 
       apply_override(rebuilt, section + "." + key + "=" + toml_literal(value));
       ++fields;
     }
-  CHECK(fields == 63);  // the keys the parser knows (core/config/run_config.cc)
+  CHECK(fields == 64);  // the keys the parser knows (core/config/run_config.cc)
   CHECK(run_config_json(rebuilt) == printed);
   CHECK(printed["train"]["batch"] == 5);
   CHECK(printed["codec"]["dtype"] == "int8");

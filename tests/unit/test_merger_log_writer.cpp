@@ -27,3 +27,18 @@ TEST_CASE("the largest transaction holds every fragment's checkpoint: parameters
   CHECK(largest_transaction_bytes(layout, true, false) == 3 * 4 * 11000);
   CHECK(largest_transaction_bytes(layout, true, true) == 4 * 4 * 11000);
 }
+
+TEST_CASE("a checkpoint in fewer pieces leaves exactly the keys of the earlier pieces it does not overwrite", "[merger][chunks]") {
+  using V = std::vector<std::string>;
+  CHECK(stale_piece_keys("3", 5, 3) == V{"3/3", "3/4"});
+  CHECK(stale_piece_keys("3", 3, 5).empty());      // every earlier key is written again
+  CHECK(stale_piece_keys("3", 4, 4).empty());
+  CHECK(stale_piece_keys("3", 3, 1) == V{"3/0", "3/1", "3/2"});  // now whole, under "3"
+  CHECK(stale_piece_keys("3", 1, 4) == V{"3"});    // was whole, now in pieces
+  CHECK(stale_piece_keys("3", 1, 1).empty());
+  CHECK(stale_piece_keys("3", 0, 7).empty());      // nothing known of an earlier one
+  CHECK(piece_count(4096, 4096) == 1);
+  CHECK(piece_count(4097, 4096) == 2);
+  CHECK(piece_count(0, 4096) == 1);
+  CHECK(piece_count(3 * 4096, 4096) == 3);
+}

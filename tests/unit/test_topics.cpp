@@ -56,6 +56,9 @@ TEST_CASE("topics.def expands to the topics of ARCHITECTURE.md section 3", "[kaf
     CHECK(config_of(find(specs, name), "max.message.bytes") == "1000");
   }
   CHECK(config_of(find(specs, "diloco.R1.state"), "cleanup.policy") == "compact");
+  // Compaction cleans closed segments only: the compacted topics roll one every 10 minutes.
+  CHECK(config_of(find(specs, "diloco.R1.state"), "segment.ms") == "600000");
+  CHECK(config_of(find(specs, "diloco.R1.members"), "segment.ms") == "600000");
   CHECK(config_of(find(specs, "diloco.R1.deltas.eu"), "cleanup.policy") == "delete");
   // Proposals of version 0 stay as long as the deltas: verify and audit read them.
   CHECK(config_of(find(specs, "diloco.R1.genesis"), "cleanup.policy") == "delete");
