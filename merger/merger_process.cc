@@ -178,11 +178,18 @@ class MergerProcess : public RebalanceListener {
   SnapshotRequests snapshots_;
   std::unique_ptr<Consumer> consumer_;
   std::unique_ptr<LogWriter> writer_;
-  std::unique_ptr<Producer> plain_;
+  struct Said {
+    Clock::time_point at = Clock::now() - std::chrono::hours(1);
+    uint64_t since = 0;
+  };
+  std::map<std::string, Said> plain_said_;  // per topic: the last report of a lost record
+  std::unique_ptr<Producer> plain_;  // after what its delivery callback uses: destroyed first
   std::unique_ptr<Consumer> members_;
   // Per fragment, the pieces its newest checkpoint in `state` went out in (the next one's
   // leftover keys get tombstones: LogWrite::replaces_pieces).
   std::map<uint32_t, uint64_t> state_pieces_;
+  void send_plain(const Record& record);
+  void plain_failed(const std::string& topic, const std::string& why);
   // `members` read since the start, and whether its end (as of then) was reached.
   uint64_t members_records_ = 0;
   bool members_read_ = false;
@@ -476,7 +483,7 @@ void MergerProcess::reject(const LogPosition& at, size_t payload_size, const std
                   .sender = sender};
   r.payload_head.assign(head.begin(), head.begin() + std::min<size_t>(head.size(), 256));
   auto bytes = encode_rejected(r);
-  plain_->try_produce({.topic = topics_.rejected(), .partition = 0, .key = "", .value = bytes}, 0);
+  send_plain({.topic = topics_.rejected(), .partition = 0, .key = "", .value = bytes});
   log({{"event", "rejected"}, {"topic", at.topic}, {"partition", at.partition}, {"offset", at.offset},
        {"reason", reason}, {"detail", detail}});
 }
@@ -501,8 +508,19 @@ void MergerProcess::handle_delta(ConsumedMessage record) {
     reject(message, "no_genesis", no_genesis);
     return;
   }
+  // Read again after a restart, a rebalance or a rewind: a committed record accounts for it. Known
+  // by its position alone, before decoding (a backlog read again must not cost decompressing it).
+  // Any other delta, a duplicate or a replay included, goes through the pending-set rules and is
+  // merged or dropped with a reason.
+  for (uint32_t q : fragments_of(message.partition))
+    if (auto owned = owned_.find(q);
+        owned != owned_.end() && owned->second.state.recent.contains({message.topic, message.partition, message.offset})) {
+      metrics_.add("deltas_reread_total", 1);
+      return;
+    }
   Delta delta;
   try {
+    metrics_.add("deltas_decoded_total", 1);
     delta = decode_delta(message.value, limits(), DeltaValues::AsSent);
   } catch (const Rejection& e) {
     std::string sender;
@@ -528,13 +546,6 @@ void MergerProcess::handle_delta(ConsumedMessage record) {
     return;
   }
   auto& f = it->second;
-  // Read again after a restart, a rebalance or a rewind: a committed record accounts for it. Any
-  // other delta, a duplicate or a replay included, goes through the pending-set rules and is
-  // merged or dropped with a reason.
-  if (f.state.recent.contains({message.topic, message.partition, message.offset})) {
-    metrics_.add("deltas_reread_total", 1);
-    return;
-  }
   metrics_.add("deltas_received_total", 1, {{"region", delta.header.region}});
   metrics_.add("delta_wire_bytes_total", static_cast<double>(message.value.size()));
   // The sender's announcement in `members` bounds its tokens; follow_members() ran in this loop,
@@ -882,7 +893,28 @@ void MergerProcess::announce(bool leaving) {
       m.fragment_checksums.push_back(f.state.checksum);
     }
   auto bytes = encode_member(m);
-  plain_->try_produce({.topic = topics_.members(), .partition = 0, .key = o_.instance_id, .value = bytes}, 0);
+  send_plain({.topic = topics_.members(), .partition = 0, .key = o_.instance_id, .value = bytes});
+}
+
+// Records outside transactions (`rejected`, `members`) never block the loop: one the local queue
+// cannot take, or the broker did not take, is counted and said, at most once a minute per topic
+// with the count since. Nothing waits on them: the next heartbeat announces the same again, and a
+// refusal stays in this merger's metrics.jsonl.
+void MergerProcess::send_plain(const Record& record) {
+  if (plain_->try_produce(record, 0) == Producer::Enqueue::QueueFull)
+    plain_failed(record.topic, "the producer's local queue is full");
+}
+
+void MergerProcess::plain_failed(const std::string& topic, const std::string& why) {
+  const std::string kind = topic == topics_.members() ? "members" : topic == topics_.rejected() ? "rejected" : topic;
+  metrics_.add("records_lost_total", 1, {{"topic", kind}});
+  auto& said = plain_said_[kind];
+  ++said.since;
+  if (Clock::now() - said.at < std::chrono::minutes(1)) return;
+  std::cerr << "merger " << o_.instance_id << ": a record of " << topic << " was lost (" << why << "); "
+            << said.since << " since the last report\n";
+  log({{"event", "record_lost"}, {"topic", kind}, {"detail", why}, {"count", said.since}});
+  said = {Clock::now(), 0};
 }
 
 // An accounting-only record of fragment p: the version stays, `dropped` are accounted for.
@@ -941,7 +973,17 @@ int MergerProcess::run() {
                            std::to_string(partitions_) + ": recreate the run's topics (scripts/broker topics)");
     }
   }
-  plain_ = std::make_unique<Producer>(ProducerOptions{.kafka = kafka}, nullptr);
+  {
+    ProducerOptions plain{.kafka = kafka};
+    if (faults_.plain_queue > 0) {
+      plain.queue_max_messages = faults_.plain_queue;
+      plain.linger_ms = 1000;
+    }
+    // Runs on this thread, inside plain_->poll().
+    plain_ = std::make_unique<Producer>(plain, [this](const DeliveryReport& r) {
+      if (!r.ok) plain_failed(r.topic, "not delivered: " + r.error);
+    });
+  }
   writer_kafka_ = kafka;
   make_writer(transaction_timeout());
   {
@@ -1083,6 +1125,7 @@ int MergerProcess::run() {
   plain_->flush(t_.flush_ms);
   const KafkaTraffic traffic = kafka_traffic();
   log({{"event", "stop"}, {"exit_code", exit_code}, {"kafka_sent", traffic.sent}, {"kafka_received", traffic.received},
+       {"metrics", metrics_.snapshot()},
        {"params_bytes_published", metrics_.value("params_bytes_published_total", {{"kind", "update"}}) +
                                       metrics_.value("params_bytes_published_total", {{"kind", "snapshot"}}) +
                                       metrics_.value("params_bytes_published_total", {{"kind", "snapshot_to_one"}})}});
@@ -1104,11 +1147,13 @@ MergerFaults MergerFaults::from_environment() {
     return n;
   };
   MergerFaults f{.fail_commit = read("DILOCO_FAULT_FAIL_COMMIT"), .fail_recovery = read("DILOCO_FAULT_FAIL_RECOVERY"),
-                 .fail_rewind = read("DILOCO_FAULT_FAIL_REWIND"), .stop_at = read("DILOCO_FAULT_STOP_AT")};
-  if (f.fail_commit || f.fail_recovery || f.fail_rewind || f.stop_at)
+                 .fail_rewind = read("DILOCO_FAULT_FAIL_REWIND"), .stop_at = read("DILOCO_FAULT_STOP_AT"),
+                 .plain_queue = read("DILOCO_FAULT_PLAIN_QUEUE")};
+  if (f.fail_commit || f.fail_recovery || f.fail_rewind || f.stop_at || f.plain_queue)
     std::cerr << "diloco-merger: fault injection on (DILOCO_FAULT_FAIL_COMMIT=" << f.fail_commit
               << ", DILOCO_FAULT_FAIL_RECOVERY=" << f.fail_recovery << ", DILOCO_FAULT_FAIL_REWIND=" << f.fail_rewind
-              << ", DILOCO_FAULT_STOP_AT=" << f.stop_at << "): for tests only\n";
+              << ", DILOCO_FAULT_STOP_AT=" << f.stop_at << ", DILOCO_FAULT_PLAIN_QUEUE=" << f.plain_queue
+              << "): for tests only\n";
   return f;
 }
 

@@ -86,6 +86,9 @@ struct MergerFaults {
   int fail_recovery = 0;
   int fail_rewind = 0;  // the Nth rewind fails after its seeks (the consumer has moved)
   int stop_at = 0;      // SIGTERM at the Nth injected fault, before it is thrown
+  // N > 0: the producer of `rejected` and `members` queues at most N records and holds each for
+  // a second, so a burst overflows it.
+  int plain_queue = 0;
   static MergerFaults from_environment();
 };
 

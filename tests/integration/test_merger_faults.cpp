@@ -10,6 +10,7 @@
 #include <memory>
 #include <random>
 #include <sstream>
+#include <thread>
 
 #include <nlohmann/json.hpp>
 
@@ -123,6 +124,18 @@ struct FaultRun {
   void genesis(const std::string& id) const {
     testing::propose_genesis(kafka, config);
     CHECK(count(id, "genesis") == layout->num_fragments());
+  }
+  // A counter in the `stop` line of merger run folder `folder`, summed over its label sets.
+  double stop_metric(const std::string& folder, const std::string& name) const {
+    const auto stop = testing::last_event(dir + "/" + folder + "/metrics.jsonl", "stop");
+    REQUIRE(stop.has_value());
+    double sum = 0;  // keys "<prefix><name>{labels}"
+    for (const auto& [key, v] : stop->at("metrics").items()) {
+      const auto at = key.find(name);
+      const size_t end = at + name.size();
+      if (at != std::string::npos && (end == key.size() || key[end] == '{') && v.is_number()) sum += v.get<double>();
+    }
+    return sum;
   }
   void stop_and_audit(testing::ChildProcess& merger) const {
     merger.signal(SIGTERM);
@@ -729,4 +742,58 @@ TEST_CASE("audit names a version announced in members that the merge log does no
                                     Catch::EndsWith("which the merge log does not hold"));
   CHECK_THAT(audit.problems[1], Catch::StartsWith("merger M9 announced version 0 of fragment 2") &&
                                     Catch::Contains("with checksum 22; the log's version has checksum"));
+}
+
+// A merger reads deltas again that a committed record already accounts for: its offsets are held
+// back by a delta still pending (a later owner must read that one), so a restart reads the merged
+// ones behind it too. Those are known by their position alone, before any decoding: a backlog
+// read again must not cost its decompression.
+TEST_CASE("deltas read again after a restart are known by their position and never decoded", "[merger][reread]") {
+  FaultRun r("reread", {"merger.quorum=2", "train.eval_every=0"});
+  auto merger = r.merger("M0", {}, "A");
+  r.genesis("A");
+  // Fragment 2 waits for a second learner: its delta holds partition 0's offset back, while
+  // fragment 0 (the same partition) merges the two deltas behind it.
+  r.send({{0, r.delta("a", 2, 1, 0)}, {0, r.delta("a", 0, 2, 0)}, {0, r.delta("b", 0, 1, 0)}});
+  REQUIRE(testing::eventually([&] { return r.count("A", "merge") == 1; }, 60s));
+  merger->signal(SIGTERM);
+  REQUIRE(merger->wait_exit(60s) == std::optional<int>(0));
+
+  // The next instance reads from the pending delta on: it, and the two merged ones again.
+  merger = r.merger("M0", {}, "B");
+  REQUIRE(testing::eventually([&] { return r.count("B", "recovered") == 4; }, 60s));
+  std::this_thread::sleep_for(3s);  // the three deltas are read
+  merger->signal(SIGTERM);
+  REQUIRE(merger->wait_exit(60s) == std::optional<int>(0));
+  INFO(merger->log());
+  CHECK(r.stop_metric("B", "deltas_reread_total") == 2);
+  CHECK(r.stop_metric("B", "deltas_decoded_total") == 1);  // the pending delta only
+  CHECK(r.stop_metric("B", "deltas_received_total") == 1);
+  CHECK(r.count("B", "merge") == 0);  // nothing merged twice
+}
+
+// Records outside transactions (`rejected`, `members`) are sent without blocking the merger's
+// loop; one its producer cannot take is counted and said, never dropped in silence.
+TEST_CASE("a refusal the producer's full queue cannot take is counted and said", "[merger][lost]") {
+  FaultRun r("lost", {"train.eval_every=0"});
+  // A local queue of one record, held a second: a burst of refusals overflows it.
+  auto merger = r.merger("M0", {{"DILOCO_FAULT_PLAIN_QUEUE", "1"}});
+  r.genesis("M0");
+  std::vector<std::pair<int32_t, std::vector<uint8_t>>> junk;
+  for (int i = 0; i < 20; ++i) junk.push_back({0, std::vector<uint8_t>(64, static_cast<uint8_t>(i))});
+  r.send(junk);
+  REQUIRE(testing::eventually([&] { return r.count("M0", "rejected") == 20; }, 60s));
+  REQUIRE(testing::eventually([&] { return r.count("M0", "record_lost") >= 1; }, 30s));
+  merger->signal(SIGTERM);
+  REQUIRE(merger->wait_exit(60s) == std::optional<int>(0));
+  INFO(merger->log());
+  const double lost = r.stop_metric("M0", "records_lost_total");
+  CHECK(lost >= 1);
+  CHECK(lost < 20 + 10);
+  CHECK_THAT(merger->log(), Catch::Contains("a record of " + r.topics.rejected() + " was lost (the producer's local "
+                                            "queue is full)"));
+  // What did reach `rejected` plus what was lost is every refusal (and the heartbeats' losses).
+  size_t reached = 0;
+  read_to_end(r.kafka, {r.topics.rejected()}, [&](const ConsumedMessage&) { ++reached; }, 30000);
+  CHECK(reached < 20);
 }
