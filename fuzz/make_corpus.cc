@@ -116,7 +116,7 @@ void fragment_states() {
                   .last_merge = LogPosition{"diloco.run-1.merges", 0, 80},
                   .accounted = {{"eu-0", 12}, {"us-0", 9}}, .merged_bases = {{"eu-0", 40}},
                   .recent = {{"diloco.run-1.deltas.eu", 0, 121}}, .downlink_residual = tensors(0, 1e-5f),
-                  .layout = shared_layout()};
+                  .layout = shared_layout(), .optimizer = OuterOptimizerKind::Cgad, .optimizer_since = 30};
   message("fragment_state", "cgad-residual-fragment0", encode_fragment_state(s), true);
   FragmentState plain{.run_id = "run-1", .fingerprint = layout().fingerprint, .fragment = 1, .version = 3,
                       .params = tensors(1, 0.5f), .layout = shared_layout()};

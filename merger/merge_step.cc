@@ -142,6 +142,16 @@ MergeRecord merge_checked(FragmentState& state, std::span<const MergeInput> inpu
                           const CheckedInputs& checked) {
   const auto layout = options.tensors;
   const bool keeps_state = has_outer_state(options.optimizer);
+  // Another optimizer than the one that stepped the buffers (a run switched, say, from Nesterov
+  // to CGAD): its buffers start from zero and its steps are counted from this merge on. Reusing
+  // them would make Nesterov's momentum Adam's first moment with no bias correction left, or
+  // Delayed Nesterov's accumulated gradients (possibly negative) Adam's second moment.
+  if (state.optimizer && *state.optimizer != options.optimizer) {
+    for (auto& t : state.momentum) std::fill(t.values.begin(), t.values.end(), 0.0f);
+    state.outer_state.clear();
+    state.optimizer_since = state.version;
+  }
+  state.optimizer = options.optimizer;
   if (!keeps_state)
     state.outer_state.clear();
   else if (state.outer_state.empty())
@@ -182,7 +192,7 @@ MergeRecord merge_checked(FragmentState& state, std::span<const MergeInput> inpu
       const std::span<float> p = params.subspan(b, len);
       const std::span<float> before = quantized ? std::span<float>(previous).subspan(b, len) : std::span<float>();
       if (quantized) std::copy(p.begin(), p.end(), before.begin());
-      outer_step(options.optimizer, options.hyper, state.version, p, momentum.subspan(b, len),
+      outer_step(options.optimizer, options.hyper, state.version - state.optimizer_since, p, momentum.subspan(b, len),
                  keeps_state ? outer.subspan(b, len) : std::span<float>(), out.subspan(b, len), checked.scale);
       if (!quantized) return;
       // The step's change (reusing `update`), quantized with the residual; the new version is the
@@ -238,6 +248,8 @@ MergeRecord merge_step(const FragmentState& current, std::span<const MergeInput>
   next.consumed = current.consumed;
   next.last_merge = current.last_merge;
   next.accounted = current.accounted;
+  next.optimizer = current.optimizer;
+  next.optimizer_since = current.optimizer_since;
   return merge_checked(next, inputs, options, checked);
 }
 

@@ -20,8 +20,9 @@
 //   and v (FragmentState::outer_state) the second:
 //     buf = b1 * buf + (1 - b1) * g;  v = b2 * v + (1 - b2) * g * g
 //     theta -= lr * (buf / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps)
-//   with b1 = mu, b2 = adam_beta2, eps = adam_epsilon and t the new version (merges since
-//   genesis, so bias correction too is a function of the version). A merge whose inputs are all
+//   with b1 = mu, b2 = adam_beta2, eps = adam_epsilon and t the new version counted from where the
+//   run began using this optimizer (FragmentState::optimizer_since; genesis in a run that never
+//   switched), so bias correction too is a function of the version. A merge whose inputs are all
 //   at or past the cutoff (scale 0) takes no step: parameters and both moments stay. The paper's exact decay
 //   rate, cutoff and Adam constants are not in what we could read: the defaults (decay 0.1 per
 //   version of staleness, cutoff 16, beta2 0.99, eps 1e-8) are ours. Adam normalises the step
@@ -42,7 +43,8 @@
 namespace diloco {
 
 // Updates `params`, `momentum` and (DelayedNesterov, Cgad) `state` in place with `update`
-// scaled by `scale`, for the merge that makes `version`; all the same size, `state` empty for
+// scaled by `scale`, for the merge that makes `version` (counted from the version at which the run
+// began using this optimizer: merge_step starts a switched-to optimizer's buffers from zero); all the same size, `state` empty for
 // Nesterov and Sgd (InternalError otherwise). Reads lr, momentum and the optimizer's own
 // hyper-parameters from `hyper`.
 void outer_step(OuterOptimizerKind kind, const OuterHyper& hyper, uint64_t version,

@@ -295,7 +295,10 @@ std::vector<uint8_t> encode_fragment_state(const FragmentState& msg, int zstd_le
       wire::CreateFragmentState(fbb, kSchemaVersion, run_id, msg.fingerprint, msg.fragment,
                                 msg.version, params, momentum, consumed_vector, last_merge,
                                 checksum, accounted_vector, outer_state, merged_bases_vector,
-                                recent_vector, downlink_residual, layout);
+                                recent_vector, downlink_residual, layout,
+                                msg.optimizer ? flatbuffers::Optional<uint8_t>(static_cast<uint8_t>(*msg.optimizer))
+                                              : flatbuffers::nullopt,
+                                msg.optimizer_since);
   wire::FinishFragmentStateBuffer(fbb, root);
   return compress_finished(fbb, zstd_level);
 }
@@ -341,6 +344,16 @@ FragmentState decode_fragment_state(std::span<const uint8_t> bytes, const Decode
   // Absent with an fp32 downlink and in older checkpoints; otherwise it mirrors params.
   if (m.downlink_residual() && m.downlink_residual()->size() != 0)
     decode_tensors(m.downlink_residual(), specs, kStateCodec, "downlink_residual", out.downlink_residual);
+  if (m.optimizer().has_value()) {
+    if (*m.optimizer() > static_cast<uint8_t>(OuterOptimizerKind::Cgad))
+      throw Rejection(RejectReason::BadFlatbuffer,
+                      detail::concat("FragmentState.optimizer: unknown value ", int{*m.optimizer()}));
+    out.optimizer = static_cast<OuterOptimizerKind>(*m.optimizer());
+  }
+  out.optimizer_since = m.optimizer_since();
+  if (out.optimizer_since > out.version)
+    throw Rejection(RejectReason::BadFlatbuffer, detail::concat("FragmentState.optimizer_since ", out.optimizer_since,
+                                                                " is above its version ", out.version));
   check_checksum(out.checksum, out.params, "FragmentState");
   return out;
 }

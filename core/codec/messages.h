@@ -263,6 +263,11 @@ struct FragmentState {
   // encode. Decoded: the layout the message carries when the reader gave none
   // (DecodeLimits::layout null), else null (the reader's layout, which the fingerprint matched).
   std::shared_ptr<const FragmentLayout> layout;
+  // The outer optimizer that last stepped momentum and outer_state, and the version its use
+  // began at (schemas/fragment_state.fbs): merge_step starts another optimizer's buffers from zero.
+  // Unset in checkpoints of older binaries.
+  std::optional<OuterOptimizerKind> optimizer;
+  uint64_t optimizer_since = 0;
 };
 
 std::vector<uint8_t> encode_fragment_state(const FragmentState& msg, int zstd_level = 1);

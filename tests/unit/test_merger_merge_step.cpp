@@ -694,3 +694,58 @@ TEST_CASE("norm_block decides how norms are summed: 0 sums each tensor at once, 
   o.norm_block = 3;
   CHECK_THROWS_AS(merge_step_in_place(state, inputs_of(round), o), InvalidInput);
 }
+
+TEST_CASE("a run switched to another outer optimizer starts its buffers from zero and counts its steps from the switch",
+          "[merger]") {
+  std::mt19937 rng(34);
+  MergeOptions o = options(MergeRule::WeightedAverage, OuterOptimizerKind::Cgad);
+  o.hyper.lr = 0.01f;
+  const std::vector<TestDelta> fresh{make_delta(rng, "a", 2, 5, 5, 1)};  // staleness 0: age factor 1
+  // From Nesterov (its momentum is no first moment), and from Delayed Nesterov (its accumulated
+  // gradients, here negative, are no second moment): the first CGAD merge is Adam's first step,
+  // t = 1, whatever the version: m = (1 - b1) g, v = (1 - b2) g^2, so
+  // theta -= lr * g / (|g| + eps).
+  for (const auto before : {OuterOptimizerKind::Nesterov, OuterOptimizerKind::DelayedNesterov}) {
+    INFO("from " << outer_optimizer_name(before));
+    FragmentState current = genesis(rng);  // version 5, momentum nonzero
+    current.optimizer = before;
+    if (before == OuterOptimizerKind::DelayedNesterov) {
+      current.outer_state = initial_momentum(current.params);
+      for (auto& t : current.outer_state) std::fill(t.values.begin(), t.values.end(), -1.0f);
+    }
+    FragmentState next;
+    merge_step(current, inputs_of(fresh), o, next);
+    REQUIRE(next.optimizer == OuterOptimizerKind::Cgad);
+    CHECK(next.optimizer_since == 5);
+    for (size_t t = 0; t < kLayout.size(); ++t)
+      for (size_t k = 0; k < next.params[t].values.size(); ++k) {
+        const double g = fresh[0].tensors[t].values[k];
+        CHECK(next.momentum[t].values[k] == Approx((1 - 0.9) * g).epsilon(1e-5));
+        CHECK(next.outer_state[t].values[k] == Approx((1 - 0.99) * g * g).epsilon(1e-4));
+        CHECK(next.params[t].values[k] ==
+              Approx(current.params[t].values[k] - 0.01 * g / (std::abs(g) + 1e-8)).epsilon(1e-5));
+      }
+    // The next CGAD merge is its second step (t = 2), counted from the switch, not version 7.
+    FragmentState after;
+    const std::vector<TestDelta> again{make_delta(rng, "a", 3, 6, 6, 1)};
+    merge_step(next, inputs_of(again), o, after);
+    CHECK(after.optimizer_since == 5);
+    for (size_t k = 0; k < after.params[1].values.size(); ++k) {
+      const double g2 = again[0].tensors[1].values[k];
+      const double m = 0.9 * next.momentum[1].values[k] + 0.1 * g2;
+      const double v = 0.99 * next.outer_state[1].values[k] + 0.01 * g2 * g2;
+      const double step = 0.01 * (m / (1 - 0.9 * 0.9)) / (std::sqrt(v / (1 - 0.99 * 0.99)) + 1e-8);
+      CHECK(after.params[1].values[k] == Approx(next.params[1].values[k] - step).epsilon(1e-4));
+    }
+  }
+  // The same optimizer again, or a checkpoint that names none (older binaries): buffers kept.
+  FragmentState kept = genesis(rng);
+  FragmentState next;
+  merge_step(kept, inputs_of(fresh), options(), next);
+  CHECK(next.optimizer == OuterOptimizerKind::Nesterov);
+  CHECK(next.optimizer_since == 0);
+  FragmentState again;
+  merge_step(next, inputs_of({make_delta(rng, "a", 4, 6, 6, 1)}), options(), again);
+  CHECK(again.optimizer_since == 0);
+  CHECK_FALSE(same_bits(again.momentum, initial_momentum(again.params)));
+}

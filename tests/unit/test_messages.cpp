@@ -513,6 +513,21 @@ TEST_CASE("FragmentState round trip", "[codec][messages]") {
   CHECK(got.last_merge == msg.last_merge);
 
   CHECK(got.outer_state.empty());  // Nesterov and Sgd keep none
+  CHECK_FALSE(got.optimizer.has_value());  // none named, as in older checkpoints
+  CHECK(got.optimizer_since == 0);
+
+  SECTION("with the optimizer that stepped it") {
+    msg.optimizer = OuterOptimizerKind::Cgad;
+    msg.optimizer_since = 7;
+    const auto named = decode_fragment_state(encode_fragment_state(msg), limits_for(layout));
+    CHECK(named.optimizer == OuterOptimizerKind::Cgad);
+    CHECK(named.optimizer_since == 7);
+    msg.optimizer_since = 10;  // above version 9
+    CHECK_THROWS_AS(decode_fragment_state(encode_fragment_state(msg), limits_for(layout)), Rejection);
+    msg.optimizer_since = 0;
+    msg.optimizer = static_cast<OuterOptimizerKind>(9);
+    CHECK_THROWS_AS(decode_fragment_state(encode_fragment_state(msg), limits_for(layout)), Rejection);
+  }
 
   SECTION("without momentum") {
     msg.momentum.clear();
