@@ -3,10 +3,15 @@
 #include <zmq.hpp>
 
 #include <algorithm>
+#include <charconv>
 #include <chrono>
+#include <cstdlib>
+#include <cstring>
 #include <iostream>
 #include <set>
+#include <stdexcept>
 
+#include "core/errors.h"
 #include "core/kafka/consumer.h"
 #include "core/kafka/run_log.h"
 #include "core/zmq/params_channel.h"
@@ -17,6 +22,19 @@ namespace diloco {
 ParamInbox::ParamInbox(ParamInboxOptions options, Metrics& metrics)
     : options_(std::move(options)), metrics_(metrics) {
   thread_ = std::thread([this] { run(); });
+}
+
+int ParamInbox::fault_turn_from_environment() {
+  const char* v = std::getenv("DILOCO_FAULT_INBOX_THROW");
+  if (!v || !*v) return 0;
+  int n = 0;
+  const char* end = v + std::strlen(v);
+  auto [ptr, ec] = std::from_chars(v, end, n);
+  if (ec != std::errc() || ptr != end || n < 0)
+    throw InvalidInput(std::string("DILOCO_FAULT_INBOX_THROW must be a count (0: off, N: the Nth turn throws), not \"") +
+                       v + "\"; unset it outside fault tests");
+  if (n) std::cerr << "learner: fault injection on (DILOCO_FAULT_INBOX_THROW=" << n << "): for tests only\n";
+  return n;
 }
 
 ParamInbox::~ParamInbox() {
@@ -149,7 +167,9 @@ void ParamInbox::run() {
   // Whatever goes wrong in a turn must not end the learner (an exception leaving a thread
   // terminates the process): it is counted, said at most once a minute, and the loop goes on.
   auto last_said = Clock::now() - std::chrono::hours(1);
+  int turns = 0;
   while (!stop_) try {
+    if (++turns == fault_turn_) throw std::runtime_error(detail::concat("fault injection: turn ", turns, " fails"));
     if (!members) open_members();
     if (members) {
       try {

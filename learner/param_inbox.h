@@ -105,6 +105,10 @@ class ParamInbox {
   std::atomic<uint64_t> bytes_received_{0};
   std::atomic<uint64_t> snapshots_{0}, updates_{0}, snapshot_bytes_{0}, update_bytes_{0};
   std::atomic<bool> stop_{false};
+  // Fault injection for tests (DILOCO_FAULT_INBOX_THROW=N): the Nth turn of the loop throws a
+  // std::runtime_error, as an unforeseen failure would.
+  const int fault_turn_ = fault_turn_from_environment();
+  static int fault_turn_from_environment();
   std::thread thread_;
 };
 

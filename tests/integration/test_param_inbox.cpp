@@ -79,16 +79,23 @@ void produce_member(Producer& producer, const RunTopics& topics, const Member& m
   REQUIRE(producer.flush(20000) == 0);
 }
 
+// A run's topics on the real broker and a test publisher posing as its merger.
+struct InboxRun {
+  KafkaOptions kafka = testing::require_broker();
+  std::string run;
+  RunTopics topics;
+  zmq::context_t context;
+  ParamsPublisher publisher{context, "tcp://127.0.0.1:*"};
+  Producer producer{{.kafka = kafka}, nullptr};
+  explicit InboxRun(const std::string& name)
+      : run(testing::unique_run_id(name)), topics(testing::create_run(kafka, run, {"r0"}, 1)) {}
+};
+
 }  // namespace
 
 TEST_CASE("the inbox applies updates bit for bit and asks for a snapshot when it cannot", "[learner][inbox]") {
-  KafkaOptions kafka = testing::require_broker();
-  const std::string run = testing::unique_run_id("inbox");
-  RunTopics topics = testing::create_run(kafka, run, {"r0"}, 1);
-
-  zmq::context_t context;
-  ParamsPublisher publisher(context, "tcp://127.0.0.1:*");
-  Producer producer({.kafka = kafka}, nullptr);
+  InboxRun r("inbox");
+  auto& [kafka, run, topics, context, publisher, producer] = r;
   auto announce = [&](uint64_t version, std::optional<uint64_t> checksum = std::nullopt) {
     Member m = merger_member(run, publisher.bound_endpoint(), version);
     if (checksum) m.fragment_checksums = {*checksum};
@@ -242,12 +249,8 @@ TEST_CASE("an inbox that starts from the versions the learner read asks for noth
 
 TEST_CASE("a version announced before the inbox started is asked for at once, later gaps after the delay",
           "[learner][inbox]") {
-  KafkaOptions kafka = testing::require_broker();
-  const std::string run = testing::unique_run_id("inbox-catch-up");
-  RunTopics topics = testing::create_run(kafka, run, {"r0"}, 1);
-  zmq::context_t context;
-  ParamsPublisher publisher(context, "tcp://127.0.0.1:*");
-  Producer producer({.kafka = kafka}, nullptr);
+  InboxRun r("inbox-catch-up");
+  auto& [kafka, run, topics, context, publisher, producer] = r;
   auto announce = [&](uint64_t version) { produce_member(producer, topics, merger_member(run, publisher.bound_endpoint(), version)); };
   // A restarted learner: the run is at version 5, published before this inbox subscribed.
   announce(5);
@@ -308,4 +311,34 @@ TEST_CASE("a fragment whose merger stopped announcing is reported silent, and no
   CHECK_FALSE(inbox.owner_silent(0, 20));  // about 6 intervals are not 20
   produce(merger);
   CHECK(testing::eventually([&] { return !inbox.owner_silent(0, 2); }, 20s));
+}
+
+// Whatever fails in a turn of the inbox's thread (an exception leaving it would end the learner)
+// is counted and said, and the inbox goes on receiving.
+TEST_CASE("an unforeseen failure in the inbox's thread is counted and the inbox goes on", "[learner][inbox]") {
+  InboxRun r("inbox-throw");
+  auto& [kafka, run, topics, context, publisher, producer] = r;
+  produce_member(producer, topics, merger_member(run, publisher.bound_endpoint(), 1));
+
+  Metrics metrics("test_");
+  setenv("DILOCO_FAULT_INBOX_THROW", "3", 1);
+  ParamInbox inbox({.kafka = kafka, .topics = topics,
+                    .limits = {.run_id = run, .fingerprint = kLayout.fingerprint, .layout = &kLayout}},
+                   metrics);
+  unsetenv("DILOCO_FAULT_INBOX_THROW");
+  REQUIRE(testing::eventually([&] { return metrics.value("inbox_errors_total") == 1; }, 10s));
+  std::mt19937 rng(9);
+  FragmentParams v1{.run_id = run, .fingerprint = kLayout.fingerprint, .fragment = 0, .version = 1,
+                    .merger_instance = "test-merger", .epoch = 1, .tensors = random_tensors(rng, 1.0f)};
+  v1.checksum = checksum_fp32(v1.tensors);
+  const auto snapshot = encode_fragment_params(v1);
+  REQUIRE(testing::eventually(
+      [&] {
+        publisher.publish(0, snapshot);
+        for (auto& p : inbox.take({0}))
+          if (p->version == 1) return true;
+        return false;
+      },
+      30s));
+  CHECK(metrics.value("inbox_errors_total") == 1);
 }
