@@ -74,7 +74,7 @@ std::vector<std::string> ParamInbox::endpoints() const {
 
 void ParamInbox::run() {
   zmq::context_t context(1);
-  ParamsSubscriber subscriber(context);
+  ParamsSubscriber subscriber(context, 256, {}, options_.curve ? &*options_.curve : nullptr);
   auto connect = [&](const std::string& endpoint) {
     try {
       subscriber.connect(endpoint);

@@ -16,6 +16,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -23,6 +24,7 @@
 #include "core/codec/messages.h"
 #include "core/kafka/options.h"
 #include "core/kafka/topics.h"
+#include "core/zmq/curve.h"
 #include "core/metrics/metrics.h"
 
 namespace diloco {
@@ -52,6 +54,9 @@ struct ParamInboxOptions {
   // mergers'): updates on them apply at once, and no snapshot is asked for while the mergers
   // announce nothing newer.
   std::vector<FragmentParams> held;
+  // Authenticated parameters (core/zmq/curve.h): subscribe as this CURVE client, so that only a
+  // publisher holding the mergers' secret key is heard. None: in the clear.
+  std::optional<CurveClientOptions> curve;
 };
 
 class ParamInbox {

@@ -650,6 +650,8 @@ bool LearnerRuntime::start() {
     s.last_step_end = Clock::now();
     return true;
   }
+  // Authenticated parameters: the keys are read (and checked) before anything else.
+  std::optional<CurveClientOptions> curve = curve_client_options(s.o.config.security);
   wait_for_broker(s.o.kafka);
   {
     ConsumerOptions probe_options{.kafka = s.o.kafka};
@@ -690,7 +692,8 @@ bool LearnerRuntime::start() {
   s.inbox = std::make_unique<ParamInbox>(
       ParamInboxOptions{.kafka = s.o.kafka, .topics = s.topics, .limits = s.limits(),
                         .endpoints = s.o.merger_endpoints,
-                        .members_lookback_s = s.o.config.merger.members_lookback_seconds, .held = std::move(s.held_at_start)},
+                        .members_lookback_s = s.o.config.merger.members_lookback_seconds, .held = std::move(s.held_at_start),
+                        .curve = std::move(curve)},
       s.metrics);
   if (s.o.mode == LearnerMode::Train)
     s.refusals = std::make_unique<RefusalWatch>(

@@ -957,7 +957,22 @@ int MergerProcess::run() {
   }
   endpoint_ = std::make_unique<MetricsEndpoint>(metrics_, o_.metrics_port);
   wait_for_broker(o_.kafka);
-  publisher_ = std::make_unique<ParamsPublisher>(zmq_, o_.bind);
+  {
+    // Authenticated parameters: CURVE with the allow-list of learner keys (core/zmq/curve.h).
+    // Every handshake's outcome is counted; a refusal is said (at most one line a second).
+    const auto curve = curve_server_options(o_.config.security);
+    auto on_decision = [this, said = Clock::time_point{}](const ZapDecision& d) mutable {
+      metrics_.add("zap_decisions_total", 1, {{"result", d.allowed ? "allowed" : "refused"}});
+      if (d.allowed || Clock::now() - said < std::chrono::seconds(1)) return;
+      said = Clock::now();
+      std::cerr << "merger " << o_.instance_id << ": refused a subscriber at " << d.address << " (key "
+                << d.client_key << "): " << d.reason << "\n";
+    };
+    publisher_ = std::make_unique<ParamsPublisher>(zmq_, o_.bind, kPublisherHighWaterMark, curve ? &*curve : nullptr, on_decision);
+    if (curve)
+      std::cerr << "merger " << o_.instance_id << ": parameters authenticated (CURVE), learners allowed by the keys in "
+                << curve->allowed_dir.string() << "\n";
+  }
   advertised_ = o_.advertise.empty() ? publisher_->bound_endpoint() : o_.advertise;
 
   KafkaOptions kafka = o_.kafka;

@@ -36,6 +36,9 @@ nlohmann::json run_config_json(const RunConfig& c) {
                   {"transaction_seconds", m.transaction_seconds}, {"min_write_mb_per_s", m.min_write_mb_per_s}}},
       {"cluster", {{"learners", c.cluster.learners}, {"regions", c.cluster.regions}, {"mergers", c.cluster.mergers},
                    {"speed_factors", c.cluster.speed_factors}, {"eval_interval", c.cluster.eval_interval}}},
+      {"security", {{"merger_public_key", c.security.merger_public_key},
+                    {"merger_secret_key", c.security.merger_secret_key},
+                    {"allowed_learners", c.security.allowed_learners}, {"learner_key", c.security.learner_key}}},
   };
 }
 

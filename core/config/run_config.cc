@@ -259,10 +259,22 @@ void parse_cluster(const Section& s, RunConfig& c) {
   }
 }
 
+void parse_security(const Section& s, RunConfig& c) {
+  for (auto&& [key, node] : s.table) {
+    const Field f = s.field(key, node);
+    auto& k = c.security;
+    if (key == "merger_public_key") read(f, k.merger_public_key);
+    else if (key == "merger_secret_key") read(f, k.merger_secret_key);
+    else if (key == "allowed_learners") read(f, k.allowed_learners);
+    else if (key == "learner_key") read(f, k.learner_key);
+    else unknown_key(f);
+  }
+}
+
 constexpr SectionParser kSections[] = {
     {"run", parse_run},       {"model", parse_model}, {"train", parse_train},
     {"diloco", parse_diloco}, {"codec", parse_codec}, {"data", parse_data}, {"merger", parse_merger},
-    {"cluster", parse_cluster},
+    {"cluster", parse_cluster}, {"security", parse_security},
 };
 
 void apply_table(const toml::table& root, const Origin& origin, RunConfig& config) {
@@ -466,6 +478,13 @@ void validate_run_config(const RunConfig& c) {
   for (double f : k.speed_factors)
     check(f >= 1.0 && f <= 1000.0, c, detail::concat("cluster.speed_factors: ", f, " must be in [1, 1000] (2 = half speed)"));
   check(k.eval_interval > 0, c, "cluster.eval_interval must be positive");
+
+  const auto& sec = c.security;
+  check(sec.merger_secret_key.empty() || !sec.allowed_learners.empty(), c,
+        "security.merger_secret_key needs security.allowed_learners (a directory of the learners' .key files): "
+        "CURVE without an allow-list would accept any learner");
+  check(sec.learner_key.empty() || !sec.merger_public_key.empty(), c,
+        "security.learner_key needs security.merger_public_key (the key the mergers prove)");
 
   check(!c.data.path.empty(), c, "data.path must not be empty");
   check(c.data.heldout_fraction > 0 && c.data.heldout_fraction <= 0.5, c,

@@ -157,6 +157,18 @@ struct ClusterConfig {
   double eval_interval = 15;          // seconds between evaluations of the global model
 };
 
+// Authenticated parameters (core/zmq/curve.h): ZeroMQ CURVE with an allow-list of learner keys.
+// Key files come from diloco-keys; paths are relative to the working directory. Empty: off (the
+// parameters travel in the clear, as on a trusted network). A merger needs merger_secret_key and
+// allowed_learners; a learner merger_public_key and learner_key.
+struct SecurityConfig {
+  std::string merger_public_key;  // NAME.key (or NAME.key_secret) of the mergers' key pair
+  std::string merger_secret_key;  // NAME.key_secret of the mergers' key pair (mergers only)
+  std::string allowed_learners;   // a directory of the allowed learners' NAME.key files (mergers)
+  std::string learner_key;        // this learner's NAME.key_secret (learners)
+  bool curve() const { return !merger_public_key.empty() || !merger_secret_key.empty(); }
+};
+
 struct RunConfig {
   std::string source = "defaults";  // the file (and overrides) it came from, for error messages
   RunSection run;
@@ -167,6 +179,7 @@ struct RunConfig {
   DataConfig data;
   MergerConfig merger;
   ClusterConfig cluster;
+  SecurityConfig security;
 };
 
 // Parses the file, applies the overrides in order, then validates. Throws IoError if the file

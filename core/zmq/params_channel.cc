@@ -13,8 +13,11 @@
 
 namespace diloco {
 
-ParamsPublisher::ParamsPublisher(zmq::context_t& context, const std::string& bind, int send_high_water_mark)
-    : socket_(context, zmq::socket_type::xpub) {
+ParamsPublisher::ParamsPublisher(zmq::context_t& context, const std::string& bind, int send_high_water_mark,
+                                 const CurveServerOptions* curve, std::function<void(const ZapDecision&)> on_decision)
+    : zap_(curve ? std::make_unique<ZapHandler>(context, curve->allowed_dir, std::move(on_decision)) : nullptr),
+      socket_(context, zmq::socket_type::xpub) {
+  if (curve) make_curve_server(socket_, *curve);
   socket_.set(zmq::sockopt::sndhwm, send_high_water_mark);
   socket_.set(zmq::sockopt::xpub_verbose, true);  // every subscription, also repeated ones, is a request
   socket_.set(zmq::sockopt::linger, 0);
@@ -123,10 +126,12 @@ ParamsPublisher::Requests ParamsPublisher::take_requests() {
   return out;
 }
 
-ParamsSubscriber::ParamsSubscriber(zmq::context_t& context, int receive_high_water_mark, std::string id)
+ParamsSubscriber::ParamsSubscriber(zmq::context_t& context, int receive_high_water_mark, std::string id,
+                                   const CurveClientOptions* curve)
     : socket_(context, zmq::socket_type::sub), id_(id.empty() ? random_id() : std::move(id)) {
   if (!valid_id(id_))
     throw InvalidInput("subscriber id '" + id_ + "': use 1-64 letters, digits, '-' or '_'");
+  if (curve) make_curve_client(socket_, *curve);
   socket_.set(zmq::sockopt::rcvhwm, receive_high_water_mark);
   socket_.set(zmq::sockopt::linger, 0);
   socket_.set(zmq::sockopt::subscribe, kVersionPrefix);

@@ -30,12 +30,23 @@
 
 #include <zmq.hpp>
 
+#include "core/zmq/curve.h"
+
 namespace diloco {
+
+// A publisher's send queue per subscriber, in messages: a subscriber that falls further behind
+// misses messages (it asks for a snapshot when it notices).
+inline constexpr int kPublisherHighWaterMark = 64;
 
 class ParamsPublisher {
  public:
   // bind: e.g. "tcp://127.0.0.1:0" (a free port) or "tcp://0.0.0.0:5555". Throws IoError.
-  ParamsPublisher(zmq::context_t& context, const std::string& bind, int send_high_water_mark = 64);
+  // With `curve`: a CURVE server whose ZAP handler (bound first, in `context`, which must have no
+  // other) admits only the learners whose keys are in curve->allowed_dir; `on_decision` hears of
+  // every handshake's outcome, on the handler's thread.
+  ParamsPublisher(zmq::context_t& context, const std::string& bind, int send_high_water_mark = kPublisherHighWaterMark,
+                  const CurveServerOptions* curve = nullptr,
+                  std::function<void(const ZapDecision&)> on_decision = {});
   // The endpoint actually bound (port resolved), e.g. "tcp://127.0.0.1:40123".
   const std::string& bound_endpoint() const { return bound_; }
   // Never blocks: a subscriber whose queue is full misses this message.
@@ -62,6 +73,7 @@ class ParamsPublisher {
  private:
   void send(const std::string& topic, std::span<const uint8_t> message);
 
+  std::unique_ptr<ZapHandler> zap_;  // before socket_: bound first, closed last
   zmq::socket_t socket_;
   // Shared with the messages in flight, which may be freed by ZeroMQ's I/O thread after this
   // publisher is gone.
@@ -73,7 +85,10 @@ class ParamsSubscriber {
  public:
   // `id` names this subscriber in its snapshot topic: letters, digits, '-' and '_' (InvalidInput
   // otherwise); empty: a random one.
-  explicit ParamsSubscriber(zmq::context_t& context, int receive_high_water_mark = 256, std::string id = {});
+  // With `curve`: a CURVE client that completes a handshake only with a publisher holding the
+  // mergers' secret key, and only if that publisher admits this learner's key.
+  explicit ParamsSubscriber(zmq::context_t& context, int receive_high_water_mark = 256, std::string id = {},
+                            const CurveClientOptions* curve = nullptr);
   const std::string& id() const { return id_; }
   // Connects once per endpoint; repeated calls with a known endpoint do nothing.
   void connect(const std::string& endpoint);
