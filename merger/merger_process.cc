@@ -1,4 +1,4 @@
-#include "merger/merger_process.h"
+#include "merger/merger_process_impl.h"
 
 #include <charconv>
 #include <chrono>
@@ -8,52 +8,19 @@
 #include <cstring>
 #include <filesystem>
 #include <iostream>
-#include <map>
-#include <memory>
-#include <optional>
-#include <set>
 #include <thread>
-
-#include <nlohmann/json.hpp>
-#include <zmq.hpp>
 
 #include "core/codec/chunk.h"
 #include "core/fragments/partition.h"
-#include "core/fragments/message_budget.h"
-#include "core/kafka/chunk_assembler.h"
-#include "core/kafka/consumer.h"
-#include "core/kafka/producer.h"
 #include "core/kafka/run_log.h"
 #include "core/kafka/traffic.h"
-#include "core/metrics/metrics.h"
 #include "core/process.h"
-#include "core/zmq/params_channel.h"
-#include "merger/fragment_merger.h"
-#include "merger/grace_window.h"
-#include "merger/log_writer.h"
-#include "merger/membership.h"
-#include "merger/recovery.h"
-#include "merger/snapshot_requests.h"
 
 namespace diloco {
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
-struct OwnedFragment {
-  FragmentState state;    // the committed version (a merge writes the next one over it)
-  std::unique_ptr<FragmentMerger> merger;
-  std::vector<QuantizedTensor> change;  // merge_step's quantized change (quantized downlink)
-};
-
-// How one round of a fragment went: from its first pending delta to the quorum, the grace spent
-// after it, and the live learners the merge did not include.
-struct RoundTiming {
-  double quorum_seconds = 0;
-  double grace_seconds = 0;
-  std::vector<std::string> missed;
-};
+using Clock = MergerProcess::Clock;
 
 // The first tensor of `state` with a value that is not finite, named, if any.
 std::optional<std::string> first_non_finite(const FragmentState& state) {
@@ -68,145 +35,15 @@ std::optional<std::string> first_non_finite(const FragmentState& state) {
   return scan(state.outer_state, "outer state");
 }
 
-class MergerProcess : public RebalanceListener {
- public:
-  MergerProcess(const MergerOptions& options, const std::atomic<bool>& stop);
-  int run();
-
-  void on_assigned(const std::vector<TopicPartitionOffset>& partitions) override;
-  void on_revoked(const std::vector<TopicPartitionOffset>& partitions) override;
-
- private:
-  double now() const { return std::chrono::duration<double>(Clock::now() - start_).count(); }
-  // What a message must be: with the run's layout once known; before it (no learner's proposal
-  // committed yet), only proposals are expected, which carry their own layout.
-  DecodeLimits limits() const {
-    if (layout_) return run_decode_limits(o_.config, *layout_);
-    return DecodeLimits{.run_id = o_.config.run.id, .max_message_bytes = kMaxLogicalMessageBytes,
-                        .max_decompressed_bytes = kMaxLogicalMessageBytes};
-  }
-  uint64_t fingerprint() const { return layout_ ? layout_->fingerprint : 0; }
-  LogContext log_context() const {
-    if (!log_reader_) log_reader_ = std::make_shared<LogReader>(o_.kafka);
-    return LogContext{.kafka = o_.kafka, .topics = topics_, .config = &o_.config, .layout = layout_,
-                      .limits = limits(), .pool = &pool_, .reader = log_reader_};
-  }
-  std::vector<uint32_t> fragments_of(int32_t partition) const;
-  // The norm bound; a delta's tokens are bounded by its own learner's announcement
-  // (Membership::declared, passed to each offer) and the decoder's limit.
-  InputBounds input_bounds() const { return InputBounds{.max_norm_ratio = o_.config.merger.max_norm_ratio}; }
-  void adopt_layout(std::shared_ptr<const FragmentLayout> layout);
-  int transaction_timeout() const;
-  void make_writer(int timeout_ms);
-  KafkaOptions writer_kafka_;  // the options of the transactional producer (client id: the instance id)
-  void handle_proposal(const ConsumedMessage& message);
-  void abandon_merge(uint32_t p, MergePlan& plan, const std::string& reason);
-  void recover(const std::set<int32_t>& partitions);
-  bool ensure_recovered();
-  void request_recovery(bool rewind);
-  bool consume(int timeout_ms);
-  std::optional<int64_t> unread(const std::pair<std::string, int32_t>& tp, int64_t next);
-  bool backlog();
-  void catch_up();
-  void handle_delta(ConsumedMessage record);
-  void reject_chunks(const std::vector<ChunkProblem>& problems);
-  // The writes of one fragment's checkpoint: one record keyed by the fragment id, or, when it
-  // is larger than codec.chunk_bytes, its pieces keyed "<fragment>/<index>" (the topic is
-  // compacted by key, so each piece must keep its own key until the next checkpoint replaces it).
-  void add_state_write(std::vector<LogWrite>& writes, const FragmentState& state);
-  // `sender`: the learner id the input names, when a header could be read (its learner reads
-  // its own refusals from `rejected` by it).
-  void reject(const ConsumedMessage& message, const std::string& reason, const std::string& detail,
-              const std::string& sender = {});
-  void merge(uint32_t p, const std::vector<std::string>& live);
-  RoundTiming round_timing(const FragmentMerger& merger, const MergePlan& plan,
-                           const std::vector<std::string>& live) const;
-  void commit(uint32_t p, MergeRecord& record, bool write_state);
-  std::vector<TopicPartitionOffset> offsets_to_commit() const;
-  std::vector<TopicPartitionOffset> offsets_holding(const std::vector<LogPosition>& held) const;
-  void publish(uint32_t p);  // a snapshot of the current version, to every subscriber
-  std::shared_ptr<const std::vector<uint8_t>> snapshot_message(uint32_t p) const;
-  void publish_update(uint32_t p);
-  void serve_requests();
-  void announce_round(uint32_t p);
-  void follow_members();
-  void announce(bool leaving);
-  void stop_fragments();
-  MergeRecord accounting_record(uint32_t p, std::vector<DroppedDelta> dropped) const;
-  void log(nlohmann::json record);
-  void injected_fault();
-  int32_t partition_of(uint32_t fragment) const { return static_cast<int32_t>(fragment % static_cast<uint32_t>(partitions_)); }
-
-  const MergerOptions& o_;
-  const MergerTimeouts& t_;
-  const std::atomic<bool>& stop_;
-  const MergerFaults faults_ = MergerFaults::from_environment();
-  mutable WorkPool pool_;  // shares each merge's arithmetic (live merges and recovery)
-  // Every recovery's reads of the logs, through one consumer made at the first recovery.
-  mutable std::shared_ptr<LogReader> log_reader_;
-  int recoveries_ = 0;    // recoveries attempted
-  int rewinds_ = 0;       // rewinds attempted
-  int faults_fired_ = 0;  // injected faults so far (MergerFaults)
-  // The run's model layout: from the checkpoints in `state`, or from the first proposal of version
-  // 0 this merger commits; null until then (the merger holds no model of its own).
-  std::shared_ptr<const FragmentLayout> layout_;
-  // Owned fragments no learner's proposal of version 0 was committed for yet.
-  std::set<uint32_t> awaiting_genesis_;
-  RunTopics topics_;
-  Metrics metrics_{"diloco_merger_"};
-  std::unique_ptr<JsonLines> log_;
-  std::unique_ptr<MetricsEndpoint> endpoint_;
-  Clock::time_point start_ = Clock::now();
-  int partitions_ = 1;  // NP
-  uint64_t epoch_ = 0;
-  std::string advertised_;
-  GraceWindow grace_;
-  std::map<uint32_t, OwnedFragment> owned_;
-  std::set<int32_t> assigned_;
-  std::map<std::pair<std::string, int32_t>, int64_t> next_offset_;  // consumed delta partitions
-  // Chunked deltas being put back together, and the first and last offsets of those completed
-  // since the last commit: a committed offset must not fall inside one (a restart would read
-  // only its tail), so it is held back to the first piece (offsets_holding).
-  std::unique_ptr<ChunkAssembler> chunks_;
-  std::map<std::pair<std::string, int32_t>, std::map<int64_t, int64_t>> spans_;
-  void forget_consumed();  // the consumer moved: what was read is read again
-  void reject(const LogPosition& at, size_t payload_size, const std::vector<uint8_t>& head, const std::string& reason,
-              const std::string& detail, const std::string& sender = {});
-  Membership membership_;
-  zmq::context_t zmq_{1};
-  std::unique_ptr<ParamsPublisher> publisher_;
-  SnapshotRequests snapshots_;
-  std::unique_ptr<Consumer> consumer_;
-  std::unique_ptr<LogWriter> writer_;
-  struct Said {
-    Clock::time_point at = Clock::now() - std::chrono::hours(1);
-    uint64_t since = 0;
-  };
-  std::map<std::string, Said> plain_said_;  // per topic: the last report of a lost record
-  std::unique_ptr<Producer> plain_;  // after what its delivery callback uses: destroyed first
-  std::unique_ptr<Consumer> members_;
-  // Per fragment, the pieces its newest checkpoint in `state` went out in (the next one's
-  // leftover keys get tombstones: LogWrite::replaces_pieces).
-  std::map<uint32_t, uint64_t> state_pieces_;
-  void send_plain(const Record& record);
-  void plain_failed(const std::string& topic, const std::string& why);
-  // `members` read since the start, and whether its end (as of then) was reached.
-  uint64_t members_records_ = 0;
-  bool members_read_ = false;
-  Clock::time_point members_since_ = Clock::now();
-  // Set by the rebalance callback (a new assignment) or by a failure in the loop; the loop
-  // rebuilds the owned fragments before it handles another delta. After a failure the consumer
-  // is also rewound to the committed offsets, so that every delta held in memory is read again.
-  bool recover_needed_ = false;
-  bool rewind_needed_ = false;
-};
+}  // namespace
 
 MergerProcess::MergerProcess(const MergerOptions& options, const std::atomic<bool>& stop)
-    : o_(options), t_(options.timeouts), stop_(stop), pool_(options.merge_threads), topics_{options.config.run.id},
+    : o_(options), t_(options.timeouts), pool_(options.merge_threads), topics_{options.config.run.id},
       grace_(GraceWindowOptions{.gamma = options.config.merger.grace_gamma,
                                 .tau = options.config.merger.grace_tau,
                                 .cap_step_times = options.config.merger.grace_cap_steps,
                                 .cap_seconds = options.config.merger.grace_cap_seconds}),
+      book_(stop, options.config.diloco.fragments, limits()),
       membership_(options.config.merger.liveness_seconds),
       snapshots_(SnapshotRequestOptions{.interval = std::chrono::milliseconds(options.timeouts.snapshot_interval_ms),
                                         .resend = std::chrono::milliseconds(options.timeouts.snapshot_resend_ms),
@@ -215,7 +52,6 @@ MergerProcess::MergerProcess(const MergerOptions& options, const std::atomic<boo
   // Chunks that cannot fit one Kafka record are refused now; the layout's own bounds are checked
   // when a learner's proposal or a checkpoint tells it (adopt_layout).
   check_chunk_bytes(o_.config, o_.kafka.max_message_bytes);
-  chunks_ = std::make_unique<ChunkAssembler>(limits());
 }
 
 // The transaction timeout the run's model needs (merger.transaction_seconds alone before the
@@ -235,7 +71,7 @@ int MergerProcess::transaction_timeout() const {
 void MergerProcess::make_writer(int timeout_ms) {
   writer_.reset();
   writer_ = std::make_unique<LogWriter>(writer_kafka_, "diloco." + o_.config.run.id + ".merger." + o_.instance_id, t_,
-                                        timeout_ms, faults_.fail_commit, [this] { request_recovery(true); },
+                                        timeout_ms, faults_.fail_commit, [this] { book_.request_recovery(true); },
                                         [this] { injected_fault(); });
   log({{"event", "transaction_timeout"}, {"ms", timeout_ms}});
   if (timeout_ms >= kMaxTransactionTimeoutMs)
@@ -251,7 +87,7 @@ void MergerProcess::adopt_layout(std::shared_ptr<const FragmentLayout> layout) {
   // Tightened, not replaced: a new assembler would drop the pieces of other proposals (and
   // deltas) still being put together.
   layout_ = std::move(layout);
-  chunks_->set_limits(limits());
+  book_.set_limits(limits());
   if (writer_ && writer_->transaction_timeout_ms() != transaction_timeout()) make_writer(transaction_timeout());
   log({{"event", "layout"}, {"fingerprint", layout_->fingerprint}, {"tensors", layout_->tensors.size()},
        {"parameters", layout_->numel()}, {"fragments", layout_->num_fragments()}});
@@ -266,49 +102,9 @@ void MergerProcess::log(nlohmann::json record) {
   if (log_) log_->write(record);
 }
 
-std::vector<uint32_t> MergerProcess::fragments_of(int32_t partition) const {
-  std::vector<uint32_t> out;
-  for (uint32_t p = static_cast<uint32_t>(partition); p < o_.config.diloco.fragments; p += static_cast<uint32_t>(partitions_))
-    out.push_back(p);
-  return out;
-}
-
-std::vector<TopicPartitionOffset> MergerProcess::offsets_to_commit() const {
-  // A partition's offset may not pass a delta some fragment still holds (pending, or dropped but
-  // not yet in a committed record): after a crash it must be read again. Deltas re-read that a
-  // committed record already accounts for are skipped by position (FragmentState.recent).
-  std::vector<LogPosition> held;
-  for (const auto& [p, f] : owned_)
-    for (auto& pos : f.merger->uncommitted_positions()) held.push_back(std::move(pos));
-  return offsets_holding(held);
-}
-
-// The consumed offsets, each held back to the lowest of `held` in its partition.
-std::vector<TopicPartitionOffset> MergerProcess::offsets_holding(const std::vector<LogPosition>& held) const {
-  std::map<std::pair<std::string, int32_t>, int64_t> commit = next_offset_;
-  auto hold = [&](const LogPosition& pos) {
-    auto it = commit.find({pos.topic, pos.partition});
-    if (it != commit.end()) it->second = std::min(it->second, pos.offset);
-  };
-  for (const auto& pos : held) hold(pos);
-  for (const auto& pos : chunks_->open_heads()) hold(pos);
-  // Nor inside a completed chunked delta: back to its first piece (which may fall inside
-  // another one, hence the loop, from the highest span down).
-  for (auto& [tp, offset] : commit) {
-    auto spans = spans_.find(tp);
-    if (spans == spans_.end()) continue;
-    for (auto it = spans->second.rbegin(); it != spans->second.rend(); ++it)
-      if (it->first < offset && it->second >= offset) offset = it->first;
-  }
-  std::vector<TopicPartitionOffset> out;
-  for (const auto& [tp, offset] : commit)
-    if (assigned_.count(tp.second)) out.push_back({tp.first, tp.second, offset});
-  return out;
-}
-
 void MergerProcess::add_state_write(std::vector<LogWrite>& writes, const FragmentState& state) {
   const uint32_t p = state.fragment;
-  writes.push_back({.topic = topics_.state(), .partition = partition_of(p), .key = std::to_string(p),
+  writes.push_back({.topic = topics_.state(), .partition = book_.partition_of(p), .key = std::to_string(p),
                     .value = encode_fragment_state(state),
                     .chunk_id = ChunkId{o_.config.run.id, o_.instance_id, p, state.version},
                     .chunk_bytes = o_.config.codec.chunk_bytes, .replaces_pieces = state_pieces_[p]});
@@ -320,32 +116,24 @@ void MergerProcess::injected_fault() {
   if (++faults_fired_ == faults_.stop_at) std::raise(SIGTERM);
 }
 
-void MergerProcess::forget_consumed() {
-  next_offset_.clear();
-  chunks_->clear();
-  spans_.clear();
-}
-
 void MergerProcess::recover(const std::set<int32_t>& partitions) {
   auto t0 = Clock::now();
-  owned_.clear();
-  awaiting_genesis_.clear();
-  if (++recoveries_ == faults_.fail_recovery) {
+  if (const int recovery = book_.begin_recovery(); recovery == faults_.fail_recovery) {
     injected_fault();
-    throw Unavailable("fault injection: recovery " + std::to_string(recoveries_) + " fails");
+    throw Unavailable("fault injection: recovery " + std::to_string(recovery) + " fails");
   }
   if (!layout_)
     if (auto layout = read_run_layout(o_.kafka, topics_, o_.config, t_.metadata_ms)) adopt_layout(std::move(layout));
   for (int32_t partition : partitions) {
-    auto fragments = fragments_of(partition);
+    auto fragments = book_.fragments_of(partition);
     if (!layout_) {  // the run has no version 0 anywhere yet
-      awaiting_genesis_.insert(fragments.begin(), fragments.end());
+      book_.awaiting_genesis.insert(fragments.begin(), fragments.end());
       continue;
     }
     auto recovered = recover_partition(log_context(), partition, fragments);
     for (auto& [p, r] : recovered) {
       if (r.awaiting_genesis) {
-        awaiting_genesis_.insert(p);
+        book_.awaiting_genesis.insert(p);
         continue;
       }
       OwnedFragment f;
@@ -354,13 +142,14 @@ void MergerProcess::recover(const std::set<int32_t>& partitions) {
       f.state = std::move(r.state);
       state_pieces_[p] = r.state_pieces;
       log({{"event", "recovered"}, {"fragment", p}, {"version", f.state.version}, {"replayed", r.replayed.size()}});
-      owned_[p] = std::move(f);
-      metrics_.set("fragment_version", static_cast<double>(owned_[p].state.version), {{"fragment", std::to_string(p)}});
+      book_.owned[p] = std::move(f);
+      metrics_.set("fragment_version", static_cast<double>(book_.owned[p].state.version),
+                   {{"fragment", std::to_string(p)}});
     }
   }
-  if (!awaiting_genesis_.empty()) {
+  if (!book_.awaiting_genesis.empty()) {
     std::cerr << "merger " << o_.instance_id << ": waiting for a learner's proposal of version 0 of fragment(s)";
-    for (uint32_t p : awaiting_genesis_) std::cerr << " " << p;
+    for (uint32_t p : book_.awaiting_genesis) std::cerr << " " << p;
     std::cerr << "\n";
   }
   // Nothing is broadcast: learners hold what the logs hold (they start from the `state` topic) and
@@ -368,7 +157,7 @@ void MergerProcess::recover(const std::set<int32_t>& partitions) {
   double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   metrics_.observe("recovery_seconds", seconds, {0.1, 0.5, 1, 2, 5, 10, 30});
   std::cerr << "merger " << o_.instance_id << ": owns fragments";
-  for (const auto& [p, f] : owned_) std::cerr << " " << p << "@v" << f.state.version;
+  for (const auto& [p, f] : book_.owned) std::cerr << " " << p << "@v" << f.state.version;
   std::cerr << " (recovered in " << seconds << " s)\n";
 }
 
@@ -376,19 +165,12 @@ void MergerProcess::recover(const std::set<int32_t>& partitions) {
 // for seconds or minutes and may fail, runs in the loop (ensure_recovered) before the next delta.
 void MergerProcess::on_assigned(const std::vector<TopicPartitionOffset>& partitions) {
   epoch_ = static_cast<uint64_t>(unix_us() / 1000);
-  assigned_.clear();
-  for (const auto& tp : partitions) assigned_.insert(tp.partition);
-  owned_.clear();
-  awaiting_genesis_.clear();
-  forget_consumed();
-  log({{"event", "assigned"}, {"partitions", std::vector<int32_t>(assigned_.begin(), assigned_.end())}, {"epoch", epoch_}});
-  recover_needed_ = true;
-  rewind_needed_ = false;  // a new assignment starts at the committed offsets anyway
-}
-
-void MergerProcess::request_recovery(bool rewind) {
-  recover_needed_ = true;
-  rewind_needed_ = rewind_needed_ || rewind;
+  std::set<int32_t> assigned;
+  for (const auto& tp : partitions) assigned.insert(tp.partition);
+  book_.assign(std::move(assigned));
+  const auto& now_assigned = book_.assigned();
+  log({{"event", "assigned"}, {"partitions", std::vector<int32_t>(now_assigned.begin(), now_assigned.end())},
+       {"epoch", epoch_}});
 }
 
 // Rebuilds the owned fragments if a new assignment or a failure asked for it, retrying while the
@@ -396,27 +178,26 @@ void MergerProcess::request_recovery(bool rewind) {
 // will be read again and must not be handled.
 bool MergerProcess::ensure_recovered() {
   bool rewound = false;
-  while (recover_needed_ && !stop_) {
+  while (book_.recovery_due()) {
     try {
-      recover(assigned_);
-      if (rewind_needed_) {
+      recover(book_.assigned());
+      if (book_.rewind_needed()) {
         consumer_->rewind_to_committed(t_.committed_offsets_ms);
-        if (++rewinds_ == faults_.fail_rewind) {
+        if (const int rewind = book_.begin_rewind(); rewind == faults_.fail_rewind) {
           injected_fault();
-          throw Unavailable("fault injection: rewind " + std::to_string(rewinds_) + " fails after its seeks");
+          throw Unavailable("fault injection: rewind " + std::to_string(rewind) + " fails after its seeks");
         }
-        forget_consumed();
-        rewind_needed_ = false;
+        book_.rewound();
         rewound = true;
-        log({{"event", "rewound"}, {"partitions", std::vector<int32_t>(assigned_.begin(), assigned_.end())}});
+        const auto& assigned = book_.assigned();
+        log({{"event", "rewound"}, {"partitions", std::vector<int32_t>(assigned.begin(), assigned.end())}});
       }
-      recover_needed_ = false;
+      book_.recovered();
       announce(false);
     } catch (const Unavailable& e) {
       std::cerr << "merger " << o_.instance_id << ": broker unavailable, retrying recovery: " << e.what() << "\n";
       log({{"event", "recovery_failed"}, {"detail", e.what()}});
-      owned_.clear();
-      awaiting_genesis_.clear();
+      book_.recovery_failed();
       std::this_thread::sleep_for(std::chrono::milliseconds(t_.recovery_retry_ms));
     }
   }
@@ -429,8 +210,8 @@ bool MergerProcess::ensure_recovered() {
 // the next owner reads it.
 bool MergerProcess::consume(int timeout_ms) {
   auto message = consumer_->poll(timeout_ms);
-  if (recover_needed_ && (ensure_recovered() || recover_needed_)) return false;
-  if (!message) return false;
+  const bool rewound = ensure_recovered();
+  if (!book_.handles_polled(rewound) || !message) return false;
   handle_delta(std::move(*message));
   return true;
 }
@@ -445,7 +226,7 @@ std::optional<int64_t> MergerProcess::unread(const std::pair<std::string, int32_
 }
 
 bool MergerProcess::backlog() {
-  for (const auto& [tp, next] : next_offset_)
+  for (const auto& [tp, next] : book_.next_offsets())
     if (unread(tp, next).value_or(0) > 0) return true;
   return false;
 }
@@ -455,18 +236,15 @@ bool MergerProcess::backlog() {
 // (ARCHITECTURE.md section 6).
 void MergerProcess::catch_up() {
   const auto until = Clock::now() + std::chrono::milliseconds(t_.catch_up_ms);
-  while (Clock::now() < until && !stop_) {
+  while (Clock::now() < until && !book_.stop_requested()) {
     if (!consume(backlog() ? t_.catch_up_poll_ms : 0)) return;
   }
 }
 
 void MergerProcess::on_revoked(const std::vector<TopicPartitionOffset>&) {
   // Held deltas are not recorded: their offsets are not committed, so the next owner reads them.
-  log({{"event", "revoked"}, {"fragments", owned_.size()}});
-  owned_.clear();
-  awaiting_genesis_.clear();
-  assigned_.clear();
-  forget_consumed();
+  log({{"event", "revoked"}, {"fragments", book_.owned.size()}});
+  book_.revoke();
 }
 
 void MergerProcess::reject(const ConsumedMessage& message, const std::string& reason, const std::string& detail,
@@ -492,13 +270,14 @@ void MergerProcess::reject_chunks(const std::vector<ChunkProblem>& problems) {
   for (const auto& p : problems) reject(p.position, p.payload_size, {}, reject_reason_name(p.reason), p.detail);
 }
 
+// Called with the owned fragments rebuilt (consume and drain hand in nothing else: ProcessState's
+// handles_polled).
 void MergerProcess::handle_delta(ConsumedMessage record) {
-  next_offset_[{record.topic, record.partition}] = record.offset + 1;
-  auto assembled = chunks_->add(std::move(record), now());
-  reject_chunks(assembled.problems);
-  if (!assembled.message) return;  // a piece of a delta still incomplete, or a bad piece
-  const ConsumedMessage& message = *assembled.message;
-  if (message.end() > message.offset) spans_[{message.topic, message.partition}][message.offset] = message.end();
+  auto assembled = book_.consume(std::move(record), now());
+  if (!assembled) return;  // not consumed: a recovery is needed first
+  reject_chunks(assembled->problems);
+  if (!assembled->message) return;  // a piece of a delta still incomplete, or a bad piece
+  const ConsumedMessage& message = *assembled->message;
   if (message.topic == topics_.genesis()) {
     handle_proposal(message);
     return;
@@ -512,12 +291,10 @@ void MergerProcess::handle_delta(ConsumedMessage record) {
   // by its position alone, before decoding (a backlog read again must not cost decompressing it).
   // Any other delta, a duplicate or a replay included, goes through the pending-set rules and is
   // merged or dropped with a reason.
-  for (uint32_t q : fragments_of(message.partition))
-    if (auto owned = owned_.find(q);
-        owned != owned_.end() && owned->second.state.recent.contains({message.topic, message.partition, message.offset})) {
-      metrics_.add("deltas_reread_total", 1);
-      return;
-    }
+  if (book_.accounted({message.topic, message.partition, message.offset})) {
+    metrics_.add("deltas_reread_total", 1);
+    return;
+  }
   Delta delta;
   try {
     metrics_.add("deltas_decoded_total", 1);
@@ -534,18 +311,21 @@ void MergerProcess::handle_delta(ConsumedMessage record) {
   }
   uint32_t p = delta.header.fragment;
   const std::string sender = delta.header.learner_id;
-  if (awaiting_genesis_.count(p)) {
-    reject(message, "no_genesis", no_genesis, sender);
-    return;
+  switch (book_.owner_of(p, message.partition)) {
+    case DeltaOwner::Owned:
+      break;
+    case DeltaOwner::AwaitingGenesis:
+      reject(message, "no_genesis", no_genesis, sender);
+      return;
+    case DeltaOwner::WrongPartition:
+      reject(message, "wrong_partition",
+             "fragment " + std::to_string(p) + " belongs in partition " + std::to_string(book_.partition_of(p)),
+             sender);
+      return;
+    case DeltaOwner::Unrecovered:
+      return;  // not reached: book_.consume took nothing in
   }
-  auto it = owned_.find(p);
-  if (p % static_cast<uint32_t>(partitions_) != static_cast<uint32_t>(message.partition) || it == owned_.end()) {
-    reject(message, "wrong_partition",
-           "fragment " + std::to_string(p) + " belongs in partition " + std::to_string(p % static_cast<uint32_t>(partitions_)),
-           sender);
-    return;
-  }
-  auto& f = it->second;
+  auto& f = book_.owned.at(p);
   metrics_.add("deltas_received_total", 1, {{"region", delta.header.region}});
   metrics_.add("delta_wire_bytes_total", static_cast<double>(message.value.size()));
   // The sender's announcement in `members` bounds its tokens; follow_members() ran in this loop,
@@ -575,10 +355,9 @@ void MergerProcess::handle_proposal(const ConsumedMessage& message) {
   }
   const uint32_t p = proposal.fragment;
   const std::string who = "learner " + proposal.learner_id;
-  if (p % static_cast<uint32_t>(partitions_) != static_cast<uint32_t>(message.partition) ||
-      (!awaiting_genesis_.count(p) && !owned_.count(p))) {
+  if (book_.partition_of(p) != message.partition || (!book_.awaiting_genesis.count(p) && !book_.owned.count(p))) {
     reject(message, "wrong_partition",
-           detail::concat("fragment ", p, " belongs in partition ", p % static_cast<uint32_t>(partitions_), " of ",
+           detail::concat("fragment ", p, " belongs in partition ", book_.partition_of(p), " of ",
                           o_.config.diloco.fragments, " fragments"));
     return;
   }
@@ -590,7 +369,7 @@ void MergerProcess::handle_proposal(const ConsumedMessage& message) {
     reject(message, "wrong_fingerprint", who + " proposed another model than the run's: " + why);
     return;
   }
-  if (auto it = owned_.find(p); it != owned_.end()) {
+  if (auto it = book_.owned.find(p); it != book_.owned.end()) {
     reject(message, "genesis_exists",
            detail::concat(who, " proposed version 0 of fragment ", p, ", which has one (now at version ",
                           it->second.state.version, ")"));
@@ -615,8 +394,8 @@ void MergerProcess::handle_proposal(const ConsumedMessage& message) {
                      .rule = merge_rule(o_.config), .optimizer = outer_optimizer(o_.config),
                      .hyper = outer_hyper(o_.config), .checksum = f.state.checksum, .merger_instance = o_.instance_id,
                      .epoch = epoch_, .merge_time_us = unix_us(), .genesis = true};
-  owned_[p] = std::move(f);
-  awaiting_genesis_.erase(p);
+  book_.owned[p] = std::move(f);
+  book_.awaiting_genesis.erase(p);
   try {
     commit(p, record, true);
   } catch (const Fenced&) {
@@ -627,7 +406,7 @@ void MergerProcess::handle_proposal(const ConsumedMessage& message) {
               << e.what() << "\n";
     log({{"event", "genesis_failed"}, {"fragment", p}, {"detail", e.what()}});
     writer_->abort();
-    request_recovery(true);
+    book_.request_recovery(true);
     return;
   }
   metrics_.add("genesis_total", 1);
@@ -645,12 +424,12 @@ void MergerProcess::handle_proposal(const ConsumedMessage& message) {
 void MergerProcess::commit(uint32_t p, MergeRecord& record, bool write_state) {
   // The bookkeeping is updated in place: if the commit fails, the loop rebuilds the fragment from
   // the logs (as it does the parameters a merge wrote over the state).
-  auto& f = owned_.at(p);
+  auto& f = book_.owned.at(p);
   account(f.state, record);
-  const auto offsets = offsets_to_commit();
+  const auto offsets = book_.offsets_to_commit();
   prune_recent(f.state, offsets);
   std::vector<LogWrite> writes;
-  writes.push_back({topics_.merges(), partition_of(p), std::to_string(p), encode_merge_record(record)});
+  writes.push_back({topics_.merges(), book_.partition_of(p), std::to_string(p), encode_merge_record(record)});
   if (write_state) {
     f.state.consumed.clear();
     for (const auto& tp : offsets) f.state.consumed.push_back({tp.topic, tp.partition, tp.offset});
@@ -659,13 +438,7 @@ void MergerProcess::commit(uint32_t p, MergeRecord& record, bool write_state) {
   // The record's own position becomes the next checkpoint's starting point.
   if (auto position = writer_->commit(writes, offsets, *consumer_, true)) f.state.last_merge = *position;
   if (write_state) state_pieces_[p] = piece_count(writes.back().value.size(), o_.config.codec.chunk_bytes);
-  // Chunked deltas wholly below the committed offsets can no longer hold them back.
-  for (const auto& tp : offsets) {
-    auto spans = spans_.find({tp.topic, tp.partition});
-    if (spans == spans_.end()) continue;
-    for (auto it = spans->second.begin(); it != spans->second.end();)
-      it = it->second < tp.offset ? spans->second.erase(it) : std::next(it);
-  }
+  book_.committed(offsets);
 }
 
 RoundTiming MergerProcess::round_timing(const FragmentMerger& merger, const MergePlan& plan,
@@ -687,7 +460,7 @@ double seconds_between(Clock::time_point a, Clock::time_point b) { return std::c
 }  // namespace
 
 void MergerProcess::merge(uint32_t p, const std::vector<std::string>& live) {
-  auto& f = owned_.at(p);
+  auto& f = book_.owned.at(p);
   MergePlan plan = f.merger->take_merge_inputs(now());
   const RoundTiming timing = round_timing(*f.merger, plan, live);
 
@@ -708,7 +481,7 @@ void MergerProcess::merge(uint32_t p, const std::vector<std::string>& live) {
     f.state.checksum = checksum;
     abandon_merge(p, plan, "the merge result is not finite (" + *bad + "): nothing of it was applied");
     // Its parameters were overwritten: rebuild them (and every owned fragment) from the logs.
-    request_recovery(true);
+    book_.request_recovery(true);
     return;
   }
   record.dropped = std::move(plan.dropped);
@@ -761,7 +534,7 @@ void MergerProcess::merge(uint32_t p, const std::vector<std::string>& live) {
 // A merge whose result cannot be used: its inputs are recorded as Invalid drops in an
 // accounting-only record (the version stays), so they are accounted for and change nothing.
 void MergerProcess::abandon_merge(uint32_t p, MergePlan& plan, const std::string& reason) {
-  auto& f = owned_.at(p);
+  auto& f = book_.owned.at(p);
   std::vector<DroppedDelta> dropped = std::move(plan.dropped);
   for (auto& d : f.merger->merge_abandoned(reason, now())) dropped.push_back(std::move(d));
   MergeRecord record = accounting_record(p, std::move(dropped));
@@ -776,7 +549,7 @@ void MergerProcess::abandon_merge(uint32_t p, MergePlan& plan, const std::string
 // Encoded when sent and not kept: a snapshot of every owned fragment would cost about 3.4 bytes
 // per parameter for as long as it is held.
 std::shared_ptr<const std::vector<uint8_t>> MergerProcess::snapshot_message(uint32_t p) const {
-  const auto& f = owned_.at(p);
+  const auto& f = book_.owned.at(p);
   FragmentParams params{.run_id = o_.config.run.id, .fingerprint = layout_->fingerprint, .fragment = p,
                         .version = f.state.version, .checksum = f.state.checksum,
                         .merger_instance = o_.instance_id, .epoch = epoch_, .tensors = f.state.params};
@@ -792,7 +565,7 @@ void MergerProcess::publish(uint32_t p) {
 // The change a merge made, for subscribers holding the previous version (the others ask for a
 // snapshot). The snapshot of the new version is encoded only when someone asks for it.
 void MergerProcess::publish_update(uint32_t p) {
-  auto& f = owned_.at(p);
+  auto& f = book_.owned.at(p);
   FragmentParams header{.run_id = o_.config.run.id, .fingerprint = layout_->fingerprint, .fragment = p,
                         .version = f.state.version, .checksum = f.state.checksum,
                         .merger_instance = o_.instance_id, .epoch = epoch_, .update = true,
@@ -818,10 +591,10 @@ void MergerProcess::serve_requests() {
   for (const auto& id : r.joined) snapshots_.joined(id);
   for (const auto& [id, fragments] : r.fragments)
     for (uint32_t p : fragments)
-      if (!snapshots_.want(id, p, owned_.count(p) > 0)) metrics_.add("snapshot_requests_dropped_total", 1);
+      if (!snapshots_.want(id, p, book_.owned.count(p) > 0)) metrics_.add("snapshot_requests_dropped_total", 1);
   if (snapshots_.pending() == 0) return;
   std::map<uint32_t, uint64_t> versions;
-  for (const auto& [p, f] : owned_) versions[p] = f.state.version;
+  for (const auto& [p, f] : book_.owned) versions[p] = f.state.version;
   const auto turn = snapshots_.serve(
       Clock::now(), versions, [&] { return publisher_->queued_bytes(); },
       [&](uint32_t p) { return snapshot_message(p); },
@@ -839,7 +612,7 @@ void MergerProcess::serve_requests() {
 // The quorum of fragment p is in: tell the learners while the grace window is open, so that those
 // about to cut p can send it now and reach this merge (ARCHITECTURE.md section 6).
 void MergerProcess::announce_round(uint32_t p) {
-  auto& f = owned_.at(p);
+  auto& f = book_.owned.at(p);
   const double grace = f.merger->granted_grace();
   if (!(grace > 0)) return;
   RoundOpen notice{.run_id = o_.config.run.id, .fingerprint = layout_->fingerprint, .fragment = p,
@@ -887,7 +660,7 @@ void MergerProcess::announce(bool leaving) {
   Member m{.run_id = o_.config.run.id, .instance_id = o_.instance_id, .role = Role::Merger, .endpoint = advertised_,
            .epoch = epoch_, .time_us = unix_us(), .announce_interval_s = static_cast<float>(o_.announce_interval_s)};
   if (!leaving)
-    for (const auto& [p, f] : owned_) {
+    for (const auto& [p, f] : book_.owned) {
       m.owned_fragments.push_back(p);
       m.fragment_versions.push_back(f.state.version);
       m.fragment_checksums.push_back(f.state.checksum);
@@ -919,7 +692,7 @@ void MergerProcess::plain_failed(const std::string& topic, const std::string& wh
 
 // An accounting-only record of fragment p: the version stays, `dropped` are accounted for.
 MergeRecord MergerProcess::accounting_record(uint32_t p, std::vector<DroppedDelta> dropped) const {
-  const auto& f = owned_.at(p);
+  const auto& f = book_.owned.at(p);
   return MergeRecord{.run_id = o_.config.run.id, .fingerprint = layout_->fingerprint, .fragment = p,
                      .version = f.state.version, .prev_version = f.state.version, .dropped = std::move(dropped),
                      .rule = merge_rule(o_.config), .optimizer = outer_optimizer(o_.config),
@@ -927,25 +700,17 @@ MergeRecord MergerProcess::accounting_record(uint32_t p, std::vector<DroppedDelt
                      .merger_instance = o_.instance_id, .epoch = epoch_, .merge_time_us = unix_us()};
 }
 
-void MergerProcess::stop_fragments() {
-  // A clean stop records what is still held: pending deltas as PendingAtStop (a later owner merges
-  // them) and drops not yet in a record, in accounting-only records, with the offsets that the
-  // held deltas allow (a pending delta is read again by the next owner), in one transaction.
+void MergerProcess::stop_fragments(const StopWrites& stop) {
+  // A clean stop records what is still held (ProcessState::stop_writes), in accounting-only
+  // records, with the offsets that the held deltas allow, in one transaction.
+  if (stop.empty()) return;
   std::vector<MergeRecord> records;
-  std::vector<LogPosition> pending;
-  for (auto& [p, f] : owned_) {
-    auto held = f.merger->stop();
-    for (const auto& d : held)
-      if (d.reason == DropReason::PendingAtStop) pending.push_back(d.delta.position);
-    if (!held.empty()) records.push_back(accounting_record(p, std::move(held)));
-  }
-  const auto offsets = offsets_holding(pending);
-  if (records.empty() && offsets.empty()) return;
+  for (const auto& [p, held] : stop.held) records.push_back(accounting_record(p, held));
   std::vector<LogWrite> writes;
   for (const auto& record : records)
-    writes.push_back({topics_.merges(), partition_of(record.fragment), std::to_string(record.fragment),
+    writes.push_back({topics_.merges(), book_.partition_of(record.fragment), std::to_string(record.fragment),
                       encode_merge_record(record)});
-  writer_->commit(writes, offsets, *consumer_);
+  writer_->commit(writes, stop.offsets, *consumer_);
   for (const auto& record : records)
     log({{"event", "stop_record"}, {"fragment", record.fragment}, {"version", record.version}, {"held", record.dropped.size()}});
 }
@@ -980,12 +745,12 @@ int MergerProcess::run() {
   {
     ConsumerOptions probe_options{.kafka = kafka};
     Consumer probe(probe_options);
-    partitions_ = probe.partition_count(topics_.merges(), t_.metadata_ms);
+    book_.set_partitions(probe.partition_count(topics_.merges(), t_.metadata_ms));
     for (const auto& topic : {topics_.state(), topics_.genesis()}) {
       const int count = probe.partition_count(topic, t_.metadata_ms);
-      if (count != partitions_)
+      if (count != book_.partitions())
         throw InvalidInput(topic + " has " + std::to_string(count) + " partitions but " + topics_.merges() + " has " +
-                           std::to_string(partitions_) + ": recreate the run's topics (scripts/broker topics)");
+                           std::to_string(book_.partitions()) + ": recreate the run's topics (scripts/broker topics)");
     }
   }
   {
@@ -1017,7 +782,7 @@ int MergerProcess::run() {
                         .topics = {topics_.deltas_pattern(), topics_.genesis()},
                         .session_timeout_ms = o_.session_timeout_ms};
   consumer_ = std::make_unique<Consumer>(group, this);
-  log({{"event", "start"}, {"endpoint", advertised_}, {"partitions", partitions_},
+  log({{"event", "start"}, {"endpoint", advertised_}, {"partitions", book_.partitions()},
        {"fragments", o_.config.diloco.fragments}});
   std::cerr << "merger " << o_.instance_id << ": publishing on " << advertised_ << ", joining group "
             << group.group_id << "\n";
@@ -1028,12 +793,12 @@ int MergerProcess::run() {
   double longest_turn = 0;  // seconds, the longest loop turn since the last status tick
   int exit_code = 0;
   try {
-    while (!stop_) {
+    while (!book_.stop_requested()) {
       const auto turn_start = Clock::now();
-      if (consume(owned_.empty() ? t_.poll_idle_ms : t_.poll_owned_ms)) catch_up();
+      if (consume(book_.owned.empty() ? t_.poll_idle_ms : t_.poll_owned_ms)) catch_up();
       follow_members();
       auto live = membership_.live_learners();
-      for (auto& [p, f] : owned_) {
+      for (auto& [p, f] : book_.owned) {
         const MergerState before = f.merger->state();
         const bool due = f.merger->poll(now(), live, grace_);
         if (before == MergerState::Collecting && f.merger->state() != MergerState::Collecting)
@@ -1050,7 +815,7 @@ int MergerProcess::run() {
                     << e.what() << "\n";
           log({{"event", "merge_failed"}, {"fragment", p}, {"detail", e.what()}});
           writer_->abort();
-          request_recovery(true);
+          book_.request_recovery(true);
           break;
         }
       }
@@ -1058,8 +823,8 @@ int MergerProcess::run() {
       // Still needed only when a stop came first: what is held is not the logs' state (a merge
       // that did not commit, or a failed recovery's leftovers), so nothing of it may be announced,
       // served or written on the way out.
-      if (recover_needed_) break;
-      reject_chunks(chunks_->expire(now() - t_.chunk_expiry_ms / 1000.0));
+      if (!book_.trusted()) break;
+      reject_chunks(book_.expire_chunks(now() - t_.chunk_expiry_ms / 1000.0));
       auto t = Clock::now();
       if (t - last_announce > std::chrono::duration<double>(o_.announce_interval_s)) {
         last_announce = t;
@@ -1069,17 +834,17 @@ int MergerProcess::run() {
       if (o_.config.merger.republish_seconds > 0 &&
           t - last_republish > std::chrono::duration<double>(o_.config.merger.republish_seconds)) {
         last_republish = t;
-        for (auto& [p, f] : owned_) publish(p);
+        for (auto& [p, f] : book_.owned) publish(p);
       }
       if (t - last_status > std::chrono::milliseconds(t_.status_ms)) {
         last_status = t;
         nlohmann::json versions = nlohmann::json::object();
-        for (const auto& [p, f] : owned_) versions[std::to_string(p)] = f.state.version;
+        for (const auto& [p, f] : book_.owned) versions[std::to_string(p)] = f.state.version;
         metrics_.set("live_learners", static_cast<double>(live.size()));
         // Consumer lag per owned delta partition (a broker query per partition here once stalled
         // every merge for about 2 s of each status period).
         double lag = 0;
-        for (const auto& [tp, next] : next_offset_) {
+        for (const auto& [tp, next] : book_.next_offsets()) {
           auto l = unread(tp, next);
           if (!l) continue;  // not fetched yet: the next status tick reports it
           metrics_.set("consumer_lag", static_cast<double>(*l),
@@ -1087,8 +852,8 @@ int MergerProcess::run() {
           lag += static_cast<double>(*l);
         }
         metrics_.set("consumer_lag_total", lag);
-        metrics_.set("chunked_deltas_open", static_cast<double>(chunks_->open_messages()));
-        metrics_.set("chunked_deltas_open_bytes", static_cast<double>(chunks_->open_bytes()));
+        metrics_.set("chunked_deltas_open", static_cast<double>(book_.chunks().open_messages()));
+        metrics_.set("chunked_deltas_open_bytes", static_cast<double>(book_.chunks().open_bytes()));
         // A merge that is due waits for the loop: a long turn (recovery aside) delays every merge.
         metrics_.set("loop_turn_max_seconds", longest_turn);
         const KafkaTraffic traffic = kafka_traffic();
@@ -1106,20 +871,22 @@ int MergerProcess::run() {
     }
     // Drain: deltas already in Kafka when the stop came are read and recorded as pending too,
     // until the partitions stay quiet for drain_quiet_ms (bounded by drain_ms).
-    if (!recover_needed_) {
+    if (book_.trusted()) {
       auto drain_deadline = Clock::now() + std::chrono::milliseconds(t_.drain_ms);
       auto quiet_since = Clock::now();
       while (Clock::now() < drain_deadline &&
              Clock::now() - quiet_since < std::chrono::milliseconds(t_.drain_quiet_ms)) {
         auto message = consumer_->poll(t_.catch_up_poll_ms);
-        if (recover_needed_) break;  // the group moved partitions: the new owner reads them
+        if (!book_.trusted()) break;  // the group moved partitions: the new owner reads them
         if (message) {
           handle_delta(std::move(*message));
           quiet_since = Clock::now();
         }
       }
     }
-    if (recover_needed_) {
+    if (const auto writes = book_.stop_writes()) {
+      stop_fragments(*writes);
+    } else {
       // A merger that cannot trust what it holds (a merge that did not commit, a failed recovery's
       // leftovers, a new assignment not read yet) writes nothing on the way out: no stop record,
       // no offsets. The next owner recovers from the logs and reads every delta held here again.
@@ -1127,8 +894,6 @@ int MergerProcess::run() {
                 << ": stopping before its fragments were rebuilt from the logs: it records nothing, and the next "
                    "owner reads the deltas it held again\n";
       log({{"event", "stop_unrecovered"}});
-    } else {
-      stop_fragments();
     }
   } catch (const Fenced& e) {
     std::cerr << "merger " << o_.instance_id << ": fenced by a newer instance, stopping without committing: "
@@ -1146,8 +911,6 @@ int MergerProcess::run() {
                                       metrics_.value("params_bytes_published_total", {{"kind", "snapshot_to_one"}})}});
   return exit_code;
 }
-
-}  // namespace
 
 MergerFaults MergerFaults::from_environment() {
   auto read = [](const char* name) {

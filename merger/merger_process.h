@@ -3,6 +3,8 @@
 // fragment, commits every merge exactly once (MergeRecord + FragmentState + consumed offsets in
 // one Kafka transaction: merger/log_writer.h) and only then publishes the new fragment on ZeroMQ.
 // Membership and liveness are merger/membership.h, rebuilding from the logs merger/recovery.h.
+// The process is MergerProcess (merger/merger_process_impl.h); what its loop decides by (owned
+// fragments, consumed offsets, recovery, stop) is merger/process_state.h, free of I/O.
 //
 // Threading: one thread does everything (poll, decode, merge, commit, publish), so the merge
 // order is the consumption order and nothing races on state; rebalance callbacks run inside poll.
