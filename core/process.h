@@ -4,12 +4,16 @@
 #pragma once
 
 #include <atomic>
+#include <charconv>
 #include <chrono>
 #include <cstdint>
 #include <csignal>
 #include <cstdlib>
+#include <cstring>
 #include <malloc.h>
 #include <string>
+
+#include "core/errors.h"
 
 namespace diloco {
 
@@ -36,6 +40,20 @@ inline void return_large_buffers() { mallopt(M_MMAP_THRESHOLD, 1 << 20); }
 inline int64_t unix_us() {
   return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::system_clock::now().time_since_epoch())
       .count();
+}
+
+// A fault-injection count for tests ($NAME: 0 or unset is off, N: the Nth event fails).
+// Throws InvalidInput naming the variable when it is not a count.
+inline int fault_count_from_environment(const char* name) {
+  const char* v = std::getenv(name);
+  if (!v || !*v) return 0;
+  int n = 0;
+  const char* end = v + std::strlen(v);
+  auto [ptr, ec] = std::from_chars(v, end, n);
+  if (ec != std::errc() || ptr != end || n < 0)
+    throw InvalidInput(std::string(name) + " must be a count (0: off, N: the Nth one fails), not \"" + v +
+                       "\"; unset it outside fault tests");
+  return n;
 }
 
 // $DILOCO_BOOTSTRAP, or the address scripts/broker uses.

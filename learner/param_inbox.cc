@@ -3,16 +3,14 @@
 #include <zmq.hpp>
 
 #include <algorithm>
-#include <charconv>
 #include <chrono>
-#include <cstdlib>
-#include <cstring>
 #include <iostream>
 #include <set>
 #include <stdexcept>
 
 #include "core/errors.h"
 #include "core/kafka/consumer.h"
+#include "core/process.h"
 #include "core/kafka/run_log.h"
 #include "core/zmq/params_channel.h"
 #include "learner/snapshot_asks.h"
@@ -25,14 +23,7 @@ ParamInbox::ParamInbox(ParamInboxOptions options, Metrics& metrics)
 }
 
 int ParamInbox::fault_turn_from_environment() {
-  const char* v = std::getenv("DILOCO_FAULT_INBOX_THROW");
-  if (!v || !*v) return 0;
-  int n = 0;
-  const char* end = v + std::strlen(v);
-  auto [ptr, ec] = std::from_chars(v, end, n);
-  if (ec != std::errc() || ptr != end || n < 0)
-    throw InvalidInput(std::string("DILOCO_FAULT_INBOX_THROW must be a count (0: off, N: the Nth turn throws), not \"") +
-                       v + "\"; unset it outside fault tests");
+  const int n = fault_count_from_environment("DILOCO_FAULT_INBOX_THROW");
   if (n) std::cerr << "learner: fault injection on (DILOCO_FAULT_INBOX_THROW=" << n << "): for tests only\n";
   return n;
 }

@@ -913,17 +913,7 @@ int MergerProcess::run() {
 }
 
 MergerFaults MergerFaults::from_environment() {
-  auto read = [](const char* name) {
-    const char* v = std::getenv(name);
-    if (!v || !*v) return 0;
-    int n = 0;
-    const char* end = v + std::strlen(v);
-    auto [ptr, ec] = std::from_chars(v, end, n);
-    if (ec != std::errc() || ptr != end || n < 0)
-      throw InvalidInput(std::string(name) + " must be a count (0: off, N: the Nth one fails), not \"" + v +
-                         "\"; unset it outside fault tests");
-    return n;
-  };
+  const auto read = fault_count_from_environment;
   MergerFaults f{.fail_commit = read("DILOCO_FAULT_FAIL_COMMIT"), .fail_recovery = read("DILOCO_FAULT_FAIL_RECOVERY"),
                  .fail_rewind = read("DILOCO_FAULT_FAIL_REWIND"), .stop_at = read("DILOCO_FAULT_STOP_AT"),
                  .plain_queue = read("DILOCO_FAULT_PLAIN_QUEUE")};
