@@ -24,6 +24,7 @@
 #include "core/kafka/log_reader.h"
 #include "core/kafka/producer.h"
 #include "core/kafka/run_log.h"
+#include "core/kafka/security.h"
 #include "core/kafka/traffic.h"
 #include "core/metrics/metrics.h"
 #include "core/process.h"
@@ -652,6 +653,7 @@ bool LearnerRuntime::start() {
   }
   // Authenticated parameters: the keys are read (and checked) before anything else.
   std::optional<CurveClientOptions> curve = curve_client_options(s.o.config.security);
+  apply_kafka_security(s.o.kafka, s.o.config.security);
   wait_for_broker(s.o.kafka);
   {
     ConsumerOptions probe_options{.kafka = s.o.kafka};

@@ -40,6 +40,7 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   o.snapshot_queue_bytes = snapshot_queue_mib << 20;
   o.kafka.bootstrap_servers = bootstrap;
+  o.kafka.client_id = o.instance_id;  // its readers' group ids begin with it (a secured broker's ACLs)
   o.kafka.connect_timeout_ms = static_cast<int>(connect_timeout_s * 1000);
   install_stop_handlers();
   return_large_buffers();

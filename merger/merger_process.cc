@@ -13,6 +13,7 @@
 #include "core/codec/chunk.h"
 #include "core/fragments/partition.h"
 #include "core/kafka/run_log.h"
+#include "core/kafka/security.h"
 #include "core/kafka/traffic.h"
 #include "core/process.h"
 
@@ -926,7 +927,10 @@ MergerFaults MergerFaults::from_environment() {
 }
 
 int run_merger(const MergerOptions& options, const std::atomic<bool>& stop) {
-  MergerProcess process(options, stop);
+  // A secured broker (core/kafka/security.h): every client of the process speaks as its principal.
+  MergerOptions secured = options;
+  apply_kafka_security(secured.kafka, secured.config.security);
+  MergerProcess process(secured, stop);
   return process.run();
 }
 

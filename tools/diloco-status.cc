@@ -14,8 +14,10 @@
 
 #include "core/codec/messages.h"
 #include "core/errors.h"
+#include "core/config/run_config.h"
 #include "core/kafka/consumer.h"
 #include "core/kafka/log_reader.h"
+#include "core/kafka/security.h"
 #include "core/kafka/topics.h"
 #include "core/process.h"
 
@@ -188,12 +190,21 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--live-seconds", o.live_seconds, "a member whose last heartbeat is older than this is shown as gone")
       ->capture_default_str();
+  std::string config_file;
+  std::vector<std::string> overrides;
+  app.add_option("-c,--config", config_file,
+                 "a run config whose [security] section says how to reach a secured broker (TLS, SCRAM credentials); "
+                 "nothing else of it is read")
+      ->check(CLI::ExistingFile);
+  app.add_option("-s,--set", overrides, "override a config field, e.g. --set security.kafka_credentials=PATH (repeatable)");
   app.add_flag("--json", o.json, "print one JSON object instead of tables");
   app.add_option("-w,--watch", o.watch_seconds, "refresh every N seconds until Ctrl-C (0: print once)")->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   install_stop_handlers();
   o.kafka.connect_timeout_ms = 10000;
+  o.kafka.client_id = "diloco-status";  // its reader's group id begins with it (a secured broker's ACLs)
   try {
+    if (!config_file.empty()) apply_kafka_security(o.kafka, load_run_config(config_file, overrides).security);
     wait_for_broker(o.kafka);
     if (o.run.empty()) {
       ConsumerOptions probe_options{.kafka = o.kafka};
@@ -219,7 +230,7 @@ int main(int argc, char** argv) {
   } catch (const InvalidInput& e) {
     std::cerr << "error: " << e.what() << "\n";
     return 1;
-  } catch (const Unavailable& e) {
+  } catch (const Error& e) {  // Unavailable (no broker), IoError (a config or credentials file)
     std::cerr << "error: " << e.what() << "\n";
     return 1;
   }

@@ -38,7 +38,11 @@ nlohmann::json run_config_json(const RunConfig& c) {
                    {"speed_factors", c.cluster.speed_factors}, {"eval_interval", c.cluster.eval_interval}}},
       {"security", {{"merger_public_key", c.security.merger_public_key},
                     {"merger_secret_key", c.security.merger_secret_key},
-                    {"allowed_learners", c.security.allowed_learners}, {"learner_key", c.security.learner_key}}},
+                    {"allowed_learners", c.security.allowed_learners}, {"learner_key", c.security.learner_key},
+                    {"kafka_protocol", c.security.kafka_protocol}, {"kafka_ca", c.security.kafka_ca},
+                    {"kafka_certificate", c.security.kafka_certificate},
+                    {"kafka_credentials", c.security.kafka_credentials},
+                    {"kafka_mechanism", c.security.kafka_mechanism}}},
   };
 }
 

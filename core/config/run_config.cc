@@ -267,6 +267,11 @@ void parse_security(const Section& s, RunConfig& c) {
     else if (key == "merger_secret_key") read(f, k.merger_secret_key);
     else if (key == "allowed_learners") read(f, k.allowed_learners);
     else if (key == "learner_key") read(f, k.learner_key);
+    else if (key == "kafka_protocol") read(f, k.kafka_protocol);
+    else if (key == "kafka_ca") read(f, k.kafka_ca);
+    else if (key == "kafka_certificate") read(f, k.kafka_certificate);
+    else if (key == "kafka_credentials") read(f, k.kafka_credentials);
+    else if (key == "kafka_mechanism") read(f, k.kafka_mechanism);
     else unknown_key(f);
   }
 }
@@ -485,6 +490,22 @@ void validate_run_config(const RunConfig& c) {
         "CURVE without an allow-list would accept any learner");
   check(sec.learner_key.empty() || !sec.merger_public_key.empty(), c,
         "security.learner_key needs security.merger_public_key (the key the mergers prove)");
+  check(sec.kafka_protocol == "plaintext" || sec.kafka_protocol == "ssl" || sec.kafka_protocol == "sasl_ssl", c,
+        "security.kafka_protocol must be \"plaintext\", \"ssl\" or \"sasl_ssl\", not \"" + sec.kafka_protocol + "\"");
+  check(sec.kafka_mechanism == "SCRAM-SHA-512" || sec.kafka_mechanism == "SCRAM-SHA-256", c,
+        "security.kafka_mechanism must be \"SCRAM-SHA-512\" or \"SCRAM-SHA-256\", not \"" + sec.kafka_mechanism + "\"");
+  check(sec.kafka_protocol != "sasl_ssl" || !sec.kafka_credentials.empty(), c,
+        "security.kafka_protocol = \"sasl_ssl\" needs security.kafka_credentials (this process's NAME.credentials "
+        "from scripts/secure init)");
+  check(sec.kafka_protocol == "sasl_ssl" || sec.kafka_credentials.empty(), c,
+        "security.kafka_credentials is set but security.kafka_protocol is \"" + sec.kafka_protocol +
+            "\": the password would not be used; set kafka_protocol = \"sasl_ssl\"");
+  check(sec.kafka_protocol != "plaintext" || sec.kafka_certificate.empty(), c,
+        "security.kafka_certificate is set but security.kafka_protocol is \"plaintext\": set kafka_protocol = \"ssl\" "
+        "to present it");
+  check(sec.kafka_protocol != "plaintext" || sec.kafka_ca.empty(), c,
+        "security.kafka_ca is set but security.kafka_protocol is \"plaintext\": set kafka_protocol = \"ssl\" "
+        "(or \"sasl_ssl\") to use TLS");
 
   check(!c.data.path.empty(), c, "data.path must not be empty");
   check(c.data.heldout_fraction > 0 && c.data.heldout_fraction <= 0.5, c,

@@ -157,7 +157,8 @@ struct ClusterConfig {
   double eval_interval = 15;          // seconds between evaluations of the global model
 };
 
-// Authenticated parameters (core/zmq/curve.h): ZeroMQ CURVE with an allow-list of learner keys.
+// Authenticated parameters (core/zmq/curve.h): ZeroMQ CURVE with an allow-list of learner keys;
+// and how Kafka clients reach a secured broker (core/kafka/security.h).
 // Key files come from diloco-keys; paths are relative to the working directory. Empty: off (the
 // parameters travel in the clear, as on a trusted network). A merger needs merger_secret_key and
 // allowed_learners; a learner merger_public_key and learner_key.
@@ -166,6 +167,14 @@ struct SecurityConfig {
   std::string merger_secret_key;  // NAME.key_secret of the mergers' key pair (mergers only)
   std::string allowed_learners;   // a directory of the allowed learners' NAME.key files (mergers)
   std::string learner_key;        // this learner's NAME.key_secret (learners)
+  // Kafka (core/kafka/security.h): "plaintext", "ssl" (TLS; with kafka_certificate the broker
+  // knows the client as the principal its certificate names: scripts/broker --secure) or
+  // "sasl_ssl" (TLS + SASL/SCRAM, the principal from kafka_credentials: brokers of others).
+  std::string kafka_protocol = "plaintext";
+  std::string kafka_ca;           // PEM of the CA that signed the brokers' certificates (empty: the system's)
+  std::string kafka_certificate;  // this process's key and certificate, one PEM file of mode 0600 (DIR/tls/NAME.pem)
+  std::string kafka_credentials;  // this process's NAME.credentials (username=, password=)
+  std::string kafka_mechanism = "SCRAM-SHA-512";
   bool curve() const { return !merger_public_key.empty() || !merger_secret_key.empty(); }
 };
 

@@ -27,6 +27,22 @@ std::unique_ptr<RdKafka::Conf> base_config(const KafkaOptions& options, ClientKi
   set(*conf, "log.connection.close", "false");
   set(*conf, "socket.connection.setup.timeout.ms", "10000");
   set(*conf, "reconnect.backoff.max.ms", "2000");
+  const KafkaSecurity& security = options.security;
+  if (security.protocol != "plaintext") {
+    set(*conf, "security.protocol", security.protocol);
+    if (!security.ca_file.empty()) set(*conf, "ssl.ca.location", security.ca_file);
+    if (!security.certificate_file.empty()) {  // librdkafka reads the key and the certificate blocks of one file
+      set(*conf, "ssl.certificate.location", security.certificate_file);
+      set(*conf, "ssl.key.location", security.certificate_file);
+    }
+    if (security.protocol == "sasl_ssl") {
+      set(*conf, "sasl.mechanisms", security.mechanism);
+      set(*conf, "sasl.username", security.username);
+      std::string error;  // not through set(): its message would carry the password
+      if (conf->set("sasl.password", security.password, error) != RdKafka::Conf::CONF_OK)
+        throw InvalidInput("Kafka client property sasl.password: " + error);
+    }
+  }
   count_traffic(*conf);
   for (const auto& [key, value] : options.extra) set(*conf, key, value);
   return conf;

@@ -11,6 +11,17 @@ namespace diloco {
 
 using Headers = std::vector<std::pair<std::string, std::string>>;
 
+// TLS and SASL of a client (core/kafka/security.h fills it from [security]); the default is the
+// plaintext listener of an unsecured local broker.
+struct KafkaSecurity {
+  std::string protocol = "plaintext";  // librdkafka's security.protocol: plaintext, ssl or sasl_ssl
+  std::string ca_file;                 // PEM of the CA that signed the brokers' certificates (empty: the system's)
+  std::string certificate_file;        // the client's key and certificate in one PEM file (mutual TLS)
+  std::string mechanism = "SCRAM-SHA-512";
+  std::string username;  // SASL principal (sasl_ssl)
+  std::string password;
+};
+
 struct KafkaOptions {
   std::string bootstrap_servers = "127.0.0.1:19092";
   uint64_t max_message_bytes = 64ull << 20;  // MAX_MESSAGE_BYTES in broker_config/limits.env
@@ -18,6 +29,7 @@ struct KafkaOptions {
   std::string client_id = "diloco";
   // Extra librdkafka properties, passed through as they are (e.g. {"debug", "broker"}).
   std::vector<std::pair<std::string, std::string>> extra;
+  KafkaSecurity security;
 };
 
 struct TopicPartitionOffset {

@@ -99,6 +99,13 @@ inline std::vector<nlohmann::json> read_json_lines(const std::string& path) {
   return out;
 }
 
+// How many lines of a metrics.jsonl are `event` events.
+inline size_t count_events(const std::string& path, const std::string& event) {
+  size_t n = 0;
+  for (const auto& j : read_json_lines(path)) n += j.value("event", "") == event;
+  return n;
+}
+
 // The last record with "event" == event, if any.
 inline std::optional<nlohmann::json> last_event(const std::string& path, const std::string& event) {
   std::optional<nlohmann::json> found;

@@ -13,16 +13,6 @@
 using namespace diloco;
 using namespace std::chrono_literals;
 
-namespace {
-
-size_t count_events(const std::string& path, const std::string& event) {
-  size_t n = 0;
-  for (const auto& j : testing::read_json_lines(path)) n += j.value("event", "") == event;
-  return n;
-}
-
-}  // namespace
-
 TEST_CASE("with CURVE only the learners whose keys the merger allows receive parameters", "[curve][security]") {
   testing::TinyRun r("curve", {"train.eval_every=0", "diloco.H=4"});
   const std::string keys = r.dir + "/keys";
@@ -51,13 +41,13 @@ TEST_CASE("with CURVE only the learners whose keys the merger allows receive par
     return std::make_unique<testing::ChildProcess>(args, r.dir + "/" + id + ".log");
   };
   auto good = learner("good", 0, keys + "/good.key_secret");
-  REQUIRE(testing::eventually([&] { return count_events(r.dir + "/good/metrics.jsonl", "adopt") >= 3; }, 120s));
+  REQUIRE(testing::eventually([&] { return testing::count_events(r.dir + "/good/metrics.jsonl", "adopt") >= 3; }, 120s));
   auto stranger = learner("stranger", 1, keys + "/stranger.key_secret");
-  REQUIRE(testing::eventually([&] { return count_events(r.dir + "/stranger/metrics.jsonl", "step") >= 1; }, 120s));
-  const size_t adopted = count_events(r.dir + "/good/metrics.jsonl", "adopt");
-  REQUIRE(testing::eventually([&] { return count_events(r.dir + "/good/metrics.jsonl", "adopt") >= adopted + 3; },
+  REQUIRE(testing::eventually([&] { return testing::count_events(r.dir + "/stranger/metrics.jsonl", "step") >= 1; }, 120s));
+  const size_t adopted = testing::count_events(r.dir + "/good/metrics.jsonl", "adopt");
+  REQUIRE(testing::eventually([&] { return testing::count_events(r.dir + "/good/metrics.jsonl", "adopt") >= adopted + 3; },
                               120s));
-  CHECK(count_events(r.dir + "/stranger/metrics.jsonl", "adopt") == 0);
+  CHECK(testing::count_events(r.dir + "/stranger/metrics.jsonl", "adopt") == 0);
   for (auto* l : {good.get(), stranger.get()}) l->signal(SIGTERM);
   for (auto* l : {good.get(), stranger.get()}) CHECK(l->wait_exit(60s) == std::optional<int>(0));
   merger->signal(SIGTERM);

@@ -97,6 +97,11 @@ merger_public_key = "keys/merger.key"
 merger_secret_key = "keys/merger.key_secret"
 allowed_learners = "keys/learners"
 learner_key = "keys/l0.key_secret"
+kafka_protocol = "sasl_ssl"
+kafka_ca = "secure/ca.pem"
+kafka_certificate = "secure/tls/l0.pem"
+kafka_credentials = "secure/kafka/l0.credentials"
+kafka_mechanism = "SCRAM-SHA-256"
 )";
 
 }  // namespace
@@ -114,7 +119,7 @@ TEST_CASE("run_config_json prints every field under its TOML name, and --set of 
       apply_override(rebuilt, section + "." + key + "=" + toml_literal(value));
       ++fields;
     }
-  CHECK(fields == 68);  // the keys the parser knows (core/config/run_config.cc)
+  CHECK(fields == 73);  // the keys the parser knows (core/config/run_config.cc)
   CHECK(run_config_json(rebuilt) == printed);
   CHECK(printed["train"]["batch"] == 5);
   CHECK(printed["codec"]["dtype"] == "int8");

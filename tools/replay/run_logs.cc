@@ -6,6 +6,7 @@
 
 #include "core/errors.h"
 #include "core/fragments/message_budget.h"
+#include "core/kafka/security.h"
 
 namespace diloco {
 
@@ -80,8 +81,10 @@ ReplayRun open_run(const ReplayOptions& options) {
   if (!options.run_id.empty()) overrides.push_back("run.id=\"" + options.run_id + "\"");
   RunConfig config = load_run_config(options.config_file, overrides);
   RunTopics topics{config.run.id};
-  wait_for_broker(options.kafka);
-  auto reader = std::make_shared<LogReader>(options.kafka);
+  KafkaOptions kafka = options.kafka;
+  apply_kafka_security(kafka, config.security);  // a secured broker: read as the config's principal
+  wait_for_broker(kafka);
+  auto reader = std::make_shared<LogReader>(kafka);
   auto existing = topic_partitions(*reader, options.timeout_ms);
   auto partitions_of = [&](const std::string& topic) {
     auto it = existing.find(topic);
@@ -99,11 +102,11 @@ ReplayRun open_run(const ReplayOptions& options) {
     if (partitions_of(topic) != partitions)
       throw InvalidInput(topic + " has " + std::to_string(partitions_of(topic)) + " partitions but " + topics.merges() +
                          " has " + std::to_string(partitions) + ": these are not one run's topics");
-  auto layout = read_run_layout(options.kafka, topics, config, options.timeout_ms);
+  auto layout = read_run_layout(kafka, topics, config, options.timeout_ms);
   if (!layout)
     throw InvalidInput("run " + config.run.id + " has no version 0 yet: " + topics.state() +
                        " holds no checkpoint (no learner's proposal was committed; is a merger running?)");
-  return ReplayRun{.config = std::move(config), .layout = std::move(layout), .kafka = options.kafka,
+  return ReplayRun{.config = std::move(config), .layout = std::move(layout), .kafka = kafka,
                    .topics = std::move(topics), .delta_topics = std::move(delta_topics),
                    .partitions = partitions, .timeout_ms = options.timeout_ms,
                    .pool = std::make_shared<WorkPool>(options.threads), .reader = std::move(reader)};

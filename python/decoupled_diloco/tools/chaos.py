@@ -516,6 +516,7 @@ def parse_args(argv=None):
     p.add_argument("--dry-run", action="store_true", help="print the schedule and exit")
     p.add_argument("--bin-dir", help="where the diloco binaries are (default: build/bin or $DILOCO_BIN_DIR)")
     run_local.add_python_learner_args(p)
+    run_local.add_secure_args(p)
     args = p.parse_args(argv)
     if args.seconds <= args.warmup + args.cooldown:
         p.error("--seconds must be above --warmup + --cooldown")
@@ -555,6 +556,7 @@ def main(argv=None) -> int:
                   f, indent=1)
     codes, failure = {}, None
     try:
+        cluster.prepare_secure()  # before a broker of several nodes starts: its certificate
         if args.nodes > 1:
             status = run_local.broker("status", check=False)
             up = sum(1 for line in status.stdout.splitlines() if line.startswith("node "))

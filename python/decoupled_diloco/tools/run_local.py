@@ -381,6 +381,35 @@ def summary_line(view, elapsed):
 
 # ---- the run ------------------------------------------------------------------------------------
 
+SECURE_BROKER_PORT = "19192"  # a secured broker's default client port: beside, not instead of, a plaintext one
+
+
+def add_secure_args(p):
+    """--secure and --secure-dir (scripts/run-local, scripts/chaos, scripts/wan-sim)."""
+    p.add_argument("--secure", action="store_true",
+                   help="run the cluster secured (docs/security.md): a broker of its own with mutual TLS and "
+                        "ACLs (mutual TLS, scripts/broker --secure, port $DILOCO_BROKER_PORT or 19192, data in "
+                        "$DILOCO_BROKER_DIR or .run/broker-secure), every process speaking as its own principal, and "
+                        "parameters over ZeroMQ CURVE to the allowed learners only; keys and certificates from "
+                        "scripts/secure init (made when missing)")
+    p.add_argument("--secure-dir", help="the folder of scripts/secure init (default: .run/secure; 0700, secrets 0600)")
+
+
+def secure_dir_of(args):
+    """The secure folder `args` ask for (None: a plaintext run). Points scripts/broker at a secured
+    broker of its own (DILOCO_BROKER_SECURE, and a port and data folder apart from the plaintext
+    broker's unless DILOCO_BROKER_PORT / DILOCO_BROKER_DIR say otherwise)."""
+    if not getattr(args, "secure", False):
+        if getattr(args, "secure_dir", None):
+            fail("--secure-dir needs --secure")
+        return None
+    folder = os.path.abspath(args.secure_dir or os.path.join(repository.root(), ".run", "secure"))
+    os.environ["DILOCO_BROKER_SECURE"] = folder
+    os.environ.setdefault("DILOCO_BROKER_PORT", SECURE_BROKER_PORT)
+    os.environ.setdefault("DILOCO_BROKER_DIR", os.path.join(repository.root(), ".run", "broker-secure"))
+    return folder
+
+
 def broker(*args, check=True):
     result = subprocess.run([os.path.join(repository.root(), "scripts", "broker"), *args], cwd=repository.root(),
                             capture_output=True, text=True)
@@ -423,6 +452,7 @@ def add_cluster_args(p):
     p.add_argument("--bin-dir",
                    help="where diloco-learner and diloco-merger are (default: build/bin or $DILOCO_BIN_DIR)")
     add_python_learner_args(p)
+    add_secure_args(p)
 
 
 def add_python_learner_args(p):
@@ -447,13 +477,18 @@ class Cluster:
 
     def __init__(self, config_path, overrides, learners, regions, mergers, speed, eval_interval, steps,
                  max_seconds, run_dir, bin_dir, run_id, tokens_per_step, fragments, python_learners=0,
-                 python_model="builtin"):
+                 python_model="builtin", secure_dir=None):
         self.config_path, self.overrides = config_path, overrides
         self.learners, self.regions, self.mergers = learners, regions, mergers
         self.speed, self.eval_interval, self.steps, self.max_seconds = speed, eval_interval, steps, max_seconds
         self.run_dir, self.bin_dir, self.run_id = run_dir, bin_dir, run_id
         self.fragments = fragments
         self.python_learners, self.python_model = python_learners, python_model
+        self.secure_dir, self.secure_ready = secure_dir, False
+        if secure_dir:
+            # Written into the run's config.toml: a tool run on it later (diloco-replay -c RUN/config.toml)
+            # reads as the `replay` principal, which may read the run's topics and write nothing.
+            self.overrides = [*overrides, *self.secure_overrides()]
         self.merger_names = [f"merger-{m}" for m in range(mergers)]
         self.learner_names = [f"learner-{i}" for i in range(learners)]
         self.children = {}  # name -> the Child of its newest process
@@ -494,6 +529,7 @@ class Cluster:
 
     def prepare_broker(self, partitions=None):
         """Starts the broker if none runs (stopped again by finish()) and creates the run's topics."""
+        self.prepare_secure()
         if broker("status", check=False).returncode != 0:
             say("starting the Kafka broker")
             broker("start")
@@ -503,8 +539,48 @@ class Cluster:
                str(partitions or self.fragments))
         self.info["bootstrap"] = self.servers
 
-    def _common(self):
-        sets = [a for o in self.overrides + [f"run.id=\"{self.run_id}\""] for a in ("--set", o)]
+    def secure_overrides(self, principal=None, role=None):
+        """The [security] settings of a secured run (scripts/secure init's files): for every process
+        (principal None), or those of process `principal` of `role` (merger, learner, eval): its own
+        TLS key and certificate (the broker's ACLs know it by it), and its CURVE key (a merger's secret and the allowed learners' folder, a
+        learner's or the evaluator's own pair)."""
+        path = lambda *parts: json.dumps(os.path.join(self.secure_dir, *parts))  # a TOML string
+        if principal is None:
+            return [f"security.kafka_protocol=\"ssl\"", f"security.kafka_ca={path('ca.pem')}",
+                    f"security.kafka_certificate={path('tls', 'replay.pem')}",
+                    f"security.merger_public_key={path('curve', 'merger.key')}"]
+        sets = [f"security.kafka_certificate={path('tls', principal + '.pem')}"]
+        if role == "merger":
+            sets += [f"security.merger_secret_key={path('curve', 'merger.key_secret')}",
+                     f"security.allowed_learners={path('curve', 'learners')}"]
+        else:
+            sets += [f"security.learner_key={path('curve', 'learners', principal + '.key_secret')}"]
+        return sets
+
+    def secure_host(self):
+        """The address the secured broker's certificate names (scripts/wan-sim: its service address)."""
+        return os.environ.get("DILOCO_BROKER_HOST", "127.0.0.1")
+
+    def prepare_secure(self):
+        """scripts/secure init of this run's shape: what is missing of the CA, the broker's
+        certificate, every principal's key and certificate and CURVE keys is made; what exists is kept."""
+        if not self.secure_dir or self.secure_ready:
+            return
+        self.secure_ready = True
+        result = subprocess.run([os.path.join(repository.root(), "scripts", "secure"), "init", self.secure_dir,
+                                 "--learners", str(self.learners), "--mergers", str(self.mergers),
+                                 "--regions", ",".join(self.regions), "--host", self.secure_host(),
+                                 "--keys-bin", os.path.join(self.bin_dir, "diloco-keys")],
+                                cwd=repository.root(), capture_output=True, text=True)
+        if result.returncode != 0:
+            fail(f"scripts/secure init {self.secure_dir} failed:\n{result.stderr.strip()}")
+        say(f"secured run: mutual TLS and ACLs on Kafka, CURVE on parameters (keys in {self.secure_dir})")
+
+    def _common(self, principal=None, role=None):
+        overrides = self.overrides + [f"run.id=\"{self.run_id}\""]
+        if self.secure_dir and principal:
+            overrides += self.secure_overrides(principal, role)
+        sets = [a for o in overrides for a in ("--set", o)]
         return ["-c", self.config_path, *sets, "--bootstrap", self.servers]
 
     def command(self, name, role, argv):
@@ -526,7 +602,7 @@ class Cluster:
         return self.children[name]
 
     def merger_argv(self, name):
-        return [os.path.join(self.bin_dir, "diloco-merger"), *self._common(), "--id", name,
+        return [os.path.join(self.bin_dir, "diloco-merger"), *self._common(name, "merger"), "--id", name,
                 "--run-dir", os.path.join(self.run_dir, name), *self.merger_args(name)]
 
     def start_merger(self, name):
@@ -540,7 +616,7 @@ class Cluster:
         """Learner i's command line; max_seconds: its time budget (default the run's)."""
         name = self.learner_names[i]
         max_seconds = self.max_seconds if max_seconds is None else max_seconds
-        args = [*self._common(), "--id", name, "--index", str(i), "--learners", str(self.learners),
+        args = [*self._common(name, "learner"), "--id", name, "--index", str(i), "--learners", str(self.learners),
                 "--region", self.region_of(i), "--regions", ",".join(self.regions), "--steps", str(self.steps),
                 "--run-dir", os.path.join(self.run_dir, name)]
         args += ["--max-seconds", f"{max_seconds:.1f}"] if max_seconds else []
@@ -553,7 +629,7 @@ class Cluster:
 
     def eval_argv(self):
         program = self.train_py() if self.python_eval() else [os.path.join(self.bin_dir, "diloco-learner")]
-        return [*program, *self._common(), "--id", "eval", "--eval-only", "--region", self.regions[0],
+        return [*program, *self._common("eval", "eval"), "--id", "eval", "--eval-only", "--region", self.regions[0],
                 "--regions", ",".join(self.regions), "--eval-interval", str(self.eval_interval),
                 "--export", self.final_model, "--run-dir", os.path.join(self.run_dir, "eval")]
 
@@ -684,7 +760,7 @@ def cluster_from_args(args, make=None, create=True):
              "give another --run-dir, or remove that one")
     cluster = (make or Cluster)(config_path, args.overrides, learners, regions, mergers, speed, eval_interval, steps,
                                 args.max_seconds, run_dir, args.bin_dir, run_id, tokens_per_step, fragments,
-                                args.python_learners, args.python_model)
+                                args.python_learners, args.python_model, secure_dir_of(args))
     if create:
         cluster.create_folder()
     return cluster

@@ -187,8 +187,12 @@ class WanCluster(rl.Cluster):
     def merger_args(self, name):
         return ["--bind", f"tcp://{SERVICE}:*"]
 
+    def secure_host(self):
+        return SERVICE
+
     def prepare_broker(self, partitions=None):
         """A broker of the run's own inside the core namespace (stopped by remove())."""
+        self.prepare_secure()
         say(f"starting the Kafka broker in {self.net.core} at {SERVICE}:{BROKER_PORT}")
         broker = os.path.join(repository.root(), "scripts", "broker")
         result = subprocess.run(["ip", "netns", "exec", self.net.core, broker, "start", "--run", self.run_id,
