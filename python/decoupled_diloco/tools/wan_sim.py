@@ -175,6 +175,13 @@ class WanCluster(rl.Cluster):
         self.cuts = [parse_cut(c, self.regions) for c in wan.cut]
         self.broker_env = {"DILOCO_BROKER_DIR": os.path.join(self.run_dir, "broker"), "DILOCO_BROKER_HOST": SERVICE,
                            "DILOCO_BROKER_PORT": str(BROKER_PORT)}
+        if self.secure_dir:
+            if not wan.secure_dir:
+                # The run's own: the brokers' certificate must name the service address.
+                common = self.secure_overrides()
+                self.secure_dir = os.path.join(self.run_dir, "secure")
+                self.overrides = [o for o in self.overrides if o not in common] + self.secure_overrides()
+            self.broker_env["DILOCO_BROKER_SECURE"] = self.secure_dir
 
     def namespace_of(self, name, role):
         if role == "learner":
