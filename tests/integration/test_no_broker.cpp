@@ -41,6 +41,17 @@ TEST_CASE("without a broker the round-trip test fails within 60 s and says how t
   int status = pclose(pipe);
   auto seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   INFO(output);
+  // Catch wraps a long message at 80 columns (a newline and an indent): join the lines again.
+  std::string joined;
+  for (size_t i = 0; i < output.size(); ++i) {
+    if (output[i] != '\n') {
+      joined += output[i];
+      continue;
+    }
+    while (i + 1 < output.size() && output[i + 1] == ' ') ++i;
+    joined += ' ';
+  }
+  output = joined;
   CHECK(WIFEXITED(status));
   CHECK(WEXITSTATUS(status) != 0);
   CHECK(seconds < 60.0);
