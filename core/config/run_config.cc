@@ -495,8 +495,8 @@ void validate_run_config(const RunConfig& c) {
   check(sec.kafka_mechanism == "SCRAM-SHA-512" || sec.kafka_mechanism == "SCRAM-SHA-256", c,
         "security.kafka_mechanism must be \"SCRAM-SHA-512\" or \"SCRAM-SHA-256\", not \"" + sec.kafka_mechanism + "\"");
   check(sec.kafka_protocol != "sasl_ssl" || !sec.kafka_credentials.empty(), c,
-        "security.kafka_protocol = \"sasl_ssl\" needs security.kafka_credentials (this process's NAME.credentials "
-        "from scripts/secure init)");
+        "security.kafka_protocol = \"sasl_ssl\" needs security.kafka_credentials (a file of this process's "
+        "username= and password=, mode 0600)");
   check(sec.kafka_protocol == "sasl_ssl" || sec.kafka_credentials.empty(), c,
         "security.kafka_credentials is set but security.kafka_protocol is \"" + sec.kafka_protocol +
             "\": the password would not be used; set kafka_protocol = \"sasl_ssl\"");

@@ -1,11 +1,10 @@
 #include "core/kafka/security.h"
 
-#include <sys/stat.h>
-
 #include <fstream>
 
 #include "core/config/run_config.h"
 #include "core/errors.h"
+#include "core/files/secret_file.h"
 
 namespace diloco {
 
@@ -21,12 +20,8 @@ std::string trim(const std::string& s) {
 
 KafkaCredentials read_kafka_credentials(const std::filesystem::path& file) {
   std::ifstream in(file);
-  if (!in) throw IoError("cannot read Kafka credentials " + file.string() + " (security.kafka_credentials; "
-                         "scripts/secure init writes one per principal)");
-  struct stat st {};
-  if (::stat(file.c_str(), &st) == 0 && (st.st_mode & 077) != 0)
-    throw InvalidInput(file.string() + " holds a password and is readable by others than its owner: chmod 600 " +
-                       file.string());
+  if (!in) throw IoError("cannot read Kafka credentials " + file.string() + " (security.kafka_credentials)");
+  require_owner_only(file, "a password");
   KafkaCredentials out;
   std::string line;
   for (int number = 1; std::getline(in, line); ++number) {
@@ -50,13 +45,10 @@ void apply_kafka_security(KafkaOptions& kafka, const SecurityConfig& security) {
   kafka.security.ca_file = security.kafka_ca;
   if (!security.kafka_certificate.empty()) {
     const std::filesystem::path file = security.kafka_certificate;
-    struct stat st {};
-    if (::stat(file.c_str(), &st) != 0)
+    if (!std::filesystem::is_regular_file(file))
       throw IoError("cannot read the Kafka client certificate " + file.string() +
                     " (security.kafka_certificate; scripts/secure init writes DIR/tls/NAME.pem for each principal)");
-    if ((st.st_mode & 077) != 0)
-      throw InvalidInput(file.string() + " holds a private key and is readable by others than its owner: chmod 600 " +
-                         file.string());
+    require_owner_only(file, "a private key");
     kafka.security.certificate_file = file.string();
   }
   if (security.kafka_protocol == "sasl_ssl") {

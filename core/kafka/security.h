@@ -13,8 +13,8 @@ namespace diloco {
 
 struct SecurityConfig;
 
-// A credentials file (scripts/secure writes one per principal, mode 0600): `key=value` lines,
-// `#` comments, with `username` and `password`.
+// A credentials file of a SCRAM principal (mode 0600): `key=value` lines, `#` comments, with
+// `username` and `password`.
 struct KafkaCredentials {
   std::string username;
   std::string password;

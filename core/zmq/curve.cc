@@ -11,6 +11,7 @@
 
 #include "core/config/run_config.h"
 #include "core/errors.h"
+#include "core/files/secret_file.h"
 
 namespace diloco {
 
@@ -99,9 +100,7 @@ CurveKeyPair read_curve_keys(const std::filesystem::path& file) {
   if (file.extension() == ".key_secret") {
     if (!is_z85_key(keys.secret_key))
       throw InvalidInput(file.string() + ": no secret-key of 40 Z85 characters (make keys with diloco-keys)");
-    struct stat st {};
-    if (::stat(file.c_str(), &st) == 0 && (st.st_mode & 077) != 0)
-      throw InvalidInput(file.string() + " is readable by others than its owner: chmod 600 " + file.string());
+    require_owner_only(file, "a CURVE secret key");
   } else {
     keys.secret_key.clear();  // a public key file never lends a secret
   }
