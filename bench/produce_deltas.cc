@@ -6,7 +6,7 @@
 //                        [--region r0] [--pace 0] [--summary FILE] [--genesis]
 //
 // A run's version 0 comes from a learner's proposal, which a merger commits: --genesis first
-// proposes the built-in model's layout with seeded values (N(0, 0.02)) for every fragment that
+// proposes the built-in model's layout (or --tensors's) with seeded values (N(0, 0.02)) for every fragment that
 // has no version 0 and waits until a running merger committed them (--rounds 0: nothing more).
 // Deltas of a fragment without version 0 are rejected, so a backlog is made after that.
 //
@@ -51,6 +51,7 @@
 #include "core/process.h"
 #include "core/kafka/run_log.h"
 #include "core/model/builtin_specs.h"
+#include "bench/bench_layout.h"
 #include "core/codec/chunk.h"
 #include "core/fragments/message_budget.h"
 
@@ -109,6 +110,8 @@ int main(int argc, char** argv) {
   double pace = 0;
   app.add_option("-c,--config", config_file, "run config (TOML)")->required()->check(CLI::ExistingFile);
   app.add_option("-s,--set", overrides, "override a config value: section.key=value (repeatable)");
+  std::string tensors;
+  app.add_option("--tensors", tensors, "the model as NAME=D0xD1,... (e.g. embed=128256x4096) instead of the config's built-in one");
   app.add_option("--learners", learners, "fake learners K (deltas per fragment per round)")->capture_default_str();
   app.add_option("--rounds", rounds, "rounds to send")->capture_default_str();
   std::string bases = "genesis";
@@ -130,7 +133,7 @@ int main(int argc, char** argv) {
 
   try {
     RunConfig config = load_run_config(config_file, overrides);
-    const auto layout_ptr = std::make_shared<const FragmentLayout>(builtin_layout(config));  // no model is allocated
+    const auto layout_ptr = std::make_shared<const FragmentLayout>(bench::bench_layout(config, tensors));  // no model is allocated
     const FragmentLayout& layout = *layout_ptr;
     const uint32_t P = layout.num_fragments();
     KafkaOptions kafka{.bootstrap_servers = bootstrap, .client_id = "bench-produce_deltas"};

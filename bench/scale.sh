@@ -10,10 +10,11 @@
 # where a merge's time goes (the merge events' timings).
 #
 #   bench/scale.sh [--width 1024] [--layers 8] [--fragments 8] [--learners 2] [--rounds 3]
-#                  [--pace 0] [--instances "1 2"] [--bin-dir DIR] [--keep] [--keep-topics]
+#                  [--pace 0] [--instances "1 2"] [--tensors SPEC] [--bin-dir DIR] [--keep] [--keep-topics]
 #
 # The model is configs/tiny.toml widened (--width, --layers; heads 16): about 12 x width^2 x layers
-# parameters. Version 0 is proposed by bench-produce_deltas --genesis before the rounds; every
+# parameters; or, with --tensors "embed=128256x4096,...", those tensors, a tensor larger than a
+# fragment cut into blocks of rows over several fragments (core/fragments/partition.h). Version 0 is proposed by bench-produce_deltas --genesis before the rounds; every
 # delta is on it (bench-produce_deltas --bases genesis), and the mergers run with merger.quorum 1, so a merge takes whatever is pending (with a quorum of K, a merge that
 # took more than K deltas could leave a last one waiting for good); --pace S (seconds between rounds) spreads the rounds so that
 # merges take about one round each. Needs a running broker (scripts/broker start) and the build (build/bin or --bin-dir).
@@ -22,7 +23,7 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BIN="${DILOCO_BIN_DIR:-$ROOT/build/bin}"
 BOOTSTRAP="${DILOCO_BOOTSTRAP:-127.0.0.1:19092}"
-width=1024 layers=8 fragments=8 learners=2 rounds=3 pace=0 instances="1 2" keep=0 keep_topics=0
+width=1024 layers=8 fragments=8 learners=2 rounds=3 pace=0 instances="1 2" keep=0 keep_topics=0 tensors=""
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --width) width="$2"; shift 2 ;;
@@ -32,10 +33,11 @@ while [[ $# -gt 0 ]]; do
     --rounds) rounds="$2"; shift 2 ;;
     --pace) pace="$2"; shift 2 ;;
     --instances) instances="$2"; shift 2 ;;
+    --tensors) tensors="$2"; shift 2 ;;
     --bin-dir) BIN="$2"; shift 2 ;;
     --keep) keep=1; shift ;;
     --keep-topics) keep_topics=1; shift ;;
-    -h|--help) sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "scale.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -53,7 +55,7 @@ partitions=$(( fragments < 4 ? fragments : 4 ))
 sets=(--set model.width="$width" --set model.layers="$layers" --set model.heads=16 --set diloco.fragments="$fragments"
       --set merger.quorum=1 --set merger.checkpoint_every=1000 --set train.eval_every=0)
 echo "# scale: $(date -u) | nproc $(nproc) | $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ //') | $(free -g | awk '/Mem:/ {print $2}') GiB"
-echo "# width $width, layers $layers, $fragments fragments, $learners fake learners, $rounds rounds; load $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "# ${tensors:+tensors $tensors, }width $width, layers $layers, $fragments fragments, $learners fake learners, $rounds rounds; load $(cut -d' ' -f1-3 /proc/loadavg)"
 
 merged_inputs() { { cat "$1"/M*/metrics.jsonl 2>/dev/null || true; } | jq -s '[.[] | select(.event == "merge") | .inputs | length] | add // 0'; }
 
@@ -64,6 +66,8 @@ scale_case() {  # instances
   mkdir -p "$dir"
   scripts/broker topics --run "$run" --regions r0 --partitions "$partitions" >/dev/null
   local rs=("${sets[@]}" --set "run.id=\"$run\"")
+  local model=()
+  [[ -z "$tensors" ]] || model=(--tensors "$tensors")
   # Peak RSS (KiB) of every process of the case, by name.
   ( declare -A peak
     while true; do
@@ -86,15 +90,15 @@ scale_case() {  # instances
       >"$dir/M$i.log" 2>&1 &
     mergers+=($!); PIDS+=($!)
   done
-  "$BIN/bench-subscribe" -c "$config" "${rs[@]}" --bootstrap "$BOOTSTRAP" --summary "$dir/subscriber.json" \
+  "$BIN/bench-subscribe" -c "$config" "${rs[@]}" "${model[@]}" --bootstrap "$BOOTSTRAP" --summary "$dir/subscriber.json" \
     2>"$dir/subscriber.log" &
   local sub=$!; PIDS+=("$sub")
   # Version 0 first, as a learner would propose it, committed by the running mergers (they reject
   # deltas of a fragment without one); the produce-to-last-merge time starts after it, as before.
-  "$BIN/bench-produce_deltas" -c "$config" "${rs[@]}" --genesis --rounds 0 --region r0 --bootstrap "$BOOTSTRAP" \
+  "$BIN/bench-produce_deltas" -c "$config" "${rs[@]}" "${model[@]}" --genesis --rounds 0 --region r0 --bootstrap "$BOOTSTRAP" \
     2>"$dir/genesis.log" || { echo "scale.sh: version 0 was not committed:" >&2; tail -n 20 "$dir/genesis.log" >&2; return 1; }
   local t0; t0=$(date +%s.%N)
-  "$BIN/bench-produce_deltas" -c "$config" "${rs[@]}" --learners "$learners" --rounds "$rounds" --pace "$pace" --region r0 \
+  "$BIN/bench-produce_deltas" -c "$config" "${rs[@]}" "${model[@]}" --learners "$learners" --rounds "$rounds" --pace "$pace" --region r0 \
     --bootstrap "$BOOTSTRAP" --summary "$dir/produced.json" 2>"$dir/producer.log" ||
     { echo "scale.sh: bench-produce_deltas failed:" >&2; tail -n 20 "$dir/producer.log" >&2; return 1; }
   local total; total="$(jq .deltas "$dir/produced.json")"
@@ -113,7 +117,7 @@ scale_case() {  # instances
   sleep 3
   stop_pid "$sub" || true
   # The late joiner: starts after the last merge and must get a snapshot of every fragment.
-  "$BIN/bench-subscribe" -c "$config" "${rs[@]}" --bootstrap "$BOOTSTRAP" --summary "$dir/subscriber-late.json" \
+  "$BIN/bench-subscribe" -c "$config" "${rs[@]}" "${model[@]}" --bootstrap "$BOOTSTRAP" --summary "$dir/subscriber-late.json" \
     2>"$dir/subscriber-late.log" & 
   local late=$!; PIDS+=("$late")
   for _ in $(seq 1 1200); do grep -q "holding all" "$dir/subscriber-late.log" 2>/dev/null && break; sleep 0.5; done

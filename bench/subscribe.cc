@@ -27,6 +27,7 @@
 #include "core/kafka/topics.h"
 #include "core/process.h"
 #include "core/model/builtin_specs.h"
+#include "bench/bench_layout.h"
 #include "learner/param_inbox.h"
 
 using namespace diloco;
@@ -38,6 +39,8 @@ int main(int argc, char** argv) {
   int poll_ms = 2;
   app.add_option("-c,--config", config_file, "run config (TOML)")->required()->check(CLI::ExistingFile);
   app.add_option("-s,--set", overrides, "override a config value: section.key=value (repeatable)");
+  std::string tensors;
+  app.add_option("--tensors", tensors, "the model as NAME=D0xD1,... (e.g. embed=128256x4096) instead of the config's built-in one");
   app.add_option("--bootstrap", bootstrap, "Kafka bootstrap servers")->capture_default_str();
   app.add_option("--summary", summary, "write the JSON summary here at exit")->required();
   app.add_option("--poll-ms", poll_ms, "how often the held versions are taken")->capture_default_str()->check(CLI::Range(1, 1000));
@@ -46,7 +49,7 @@ int main(int argc, char** argv) {
   return_large_buffers();
   try {
     const RunConfig config = load_run_config(config_file, overrides);
-    const FragmentLayout layout = builtin_layout(config);  // the layout only, no model
+    const FragmentLayout layout = bench::bench_layout(config, tensors);  // the layout only, no model
     const uint32_t P = layout.num_fragments();
     int64_t parameters = 0;
     for (uint32_t p = 0; p < P; ++p) parameters += layout.fragment_numel(p);

@@ -161,7 +161,9 @@ struct LearnerRuntime::Impl {
   std::vector<RegisteredTensor> tensors;
   HostSync sync;
   std::shared_ptr<const FragmentLayout> layout;
-  std::vector<std::vector<uint32_t>> members;  // per fragment: positions in `tensors`, layout order
+  // Per fragment: the registered tensors it touches (each once, model order), and those of them
+  // it holds only some rows of.
+  std::vector<std::vector<uint32_t>> members, partial;
   RunTopics topics;
   Metrics metrics{"diloco_learner_"};
   std::unique_ptr<JsonLines> log_file;
@@ -201,11 +203,13 @@ LearnerRuntime::Impl::Impl(RuntimeOptions options, std::vector<RegisteredTensor>
   layout = std::make_shared<const FragmentLayout>(partition_tensors(specs, o.config.diloco.fragments));
   for (const auto& t : tensors)
     if (t.host == nullptr) throw InvalidInput("tensor '" + t.name + "' has no host buffer");
-  std::map<std::string_view, uint32_t> position;
-  for (uint32_t i = 0; i < tensors.size(); ++i) position[tensors[i].name] = i;
   members.resize(layout->num_fragments());
+  partial.resize(layout->num_fragments());
   for (uint32_t p = 0; p < layout->num_fragments(); ++p)
-    for (const auto& spec : layout->fragments[p]) members[p].push_back(position.at(spec.name));
+    for (const auto& piece : layout->pieces[p]) {
+      if (members[p].empty() || members[p].back() != piece.tensor) members[p].push_back(piece.tensor);
+      if (!piece.whole && (partial[p].empty() || partial[p].back() != piece.tensor)) partial[p].push_back(piece.tensor);
+    }
   if (o.learner_id.empty()) throw InvalidInput("the learner id is empty");
   if (o.region.empty()) throw InvalidInput("the region is empty");
   if ((o.batch == 0) != (o.context == 0))
@@ -222,10 +226,10 @@ LearnerRuntime::Impl::Impl(RuntimeOptions options, std::vector<RegisteredTensor>
 std::vector<std::vector<float>> LearnerRuntime::Impl::read_values(uint32_t p) {
   if (sync.to_host) sync.to_host(members[p]);
   std::vector<std::vector<float>> out;
-  out.reserve(members[p].size());
-  for (uint32_t i : members[p]) {
-    const auto n = static_cast<size_t>(TensorSpec{tensors[i].name, tensors[i].shape}.numel());
-    out.emplace_back(tensors[i].host, tensors[i].host + n);
+  out.reserve(layout->pieces[p].size());
+  for (const auto& piece : layout->pieces[p]) {
+    const float* first = tensors[piece.tensor].host + piece.offset;
+    out.emplace_back(first, first + piece.numel);
   }
   return out;
 }
@@ -240,14 +244,18 @@ std::vector<DenseTensor> LearnerRuntime::Impl::read_tensors(uint32_t p) {
 }
 
 void LearnerRuntime::Impl::write_tensors(uint32_t p, const std::vector<DenseTensor>& values) {
-  DILOCO_ENFORCE(values.size() == members[p].size(), "fragment ", p, ": ", values.size(), " tensors to write, ",
-                 members[p].size(), " registered");
-  for (size_t k = 0; k < values.size(); ++k) {
-    const auto& t = tensors[members[p][k]];
-    const auto n = static_cast<size_t>(TensorSpec{t.name, t.shape}.numel());
-    DILOCO_ENFORCE(values[k].values.size() == n, "tensor '", t.name, "': ", values[k].values.size(), " values for ", n);
-    std::memcpy(t.host, values[k].values.data(), n * sizeof(float));
-  }
+  const auto& pieces = layout->pieces[p];
+  DILOCO_ENFORCE(values.size() == pieces.size(), "fragment ", p, ": ", values.size(), " tensors to write, ",
+                 pieces.size(), " in the layout");
+  for (size_t k = 0; k < values.size(); ++k)
+    DILOCO_ENFORCE(values[k].values.size() == static_cast<size_t>(pieces[k].numel), "tensor '",
+                   layout->fragments[p][k].name, "': ", values[k].values.size(), " values for ", pieces[k].numel);
+  // from_host copies whole tensors back: the rows of a partial tensor that this fragment does not
+  // hold must be current on the host first.
+  if (sync.to_host && !partial[p].empty()) sync.to_host(partial[p]);
+  for (size_t k = 0; k < values.size(); ++k)
+    std::memcpy(tensors[pieces[k].tensor].host + pieces[k].offset, values[k].values.data(),
+                values[k].values.size() * sizeof(float));
   if (sync.from_host) sync.from_host(members[p]);
 }
 

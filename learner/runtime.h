@@ -166,7 +166,8 @@ class LearnerRuntime {
   uint64_t tokens() const;
   // The global version each fragment's parameters come from.
   std::vector<uint64_t> versions() const;
-  // The registered tensors of fragment p, as positions in the registered list.
+  // The registered tensors fragment p holds (whole or some of their rows), as positions in the
+  // registered list, each once, in that order.
   std::vector<uint32_t> fragment_tensors(uint32_t p) const;
   Metrics& metrics();
   // One line into metrics.jsonl, with t, time_us and the learner id added.

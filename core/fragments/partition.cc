@@ -38,7 +38,77 @@ uint64_t fingerprint(std::span<const TensorSpec> tensors, const FragmentLayout& 
   return XXH64(text.data(), text.size(), 0);
 }
 
+
+// Rows of a tensor: its first dimension; a 0-d tensor is one row of one value.
+int64_t rows_of(const TensorSpec& t) { return t.shape.empty() ? 1 : t.shape[0]; }
+
+// Every tensor whole, except those above `target` elements with more than one row: those become
+// k = ceil(numel / target) blocks (at most one per row) of consecutive rows, the first rows % k
+// blocks one row longer. In model order: by tensor, then by row.
+std::vector<TensorPiece> row_blocks(std::span<const TensorSpec> tensors, int64_t target) {
+  std::vector<TensorPiece> out;
+  for (uint32_t i = 0; i < tensors.size(); ++i) {
+    const int64_t numel = tensors[i].numel(), rows = rows_of(tensors[i]);
+    const int64_t k = numel > target ? std::min(rows, (numel + target - 1) / target) : 1;
+    if (k <= 1) {
+      out.push_back(TensorPiece{.tensor = i, .row_begin = 0, .rows = rows, .offset = 0, .numel = numel, .whole = true});
+      continue;
+    }
+    const int64_t per_row = numel / rows;
+    int64_t row = 0;
+    for (int64_t b = 0; b < k; ++b) {
+      const int64_t n = rows / k + (b < rows % k ? 1 : 0);
+      out.push_back(TensorPiece{.tensor = i, .row_begin = row, .rows = n, .offset = row * per_row,
+                                .numel = n * per_row, .whole = false});
+      row += n;
+    }
+  }
+  return out;
+}
+
+// Greedy LPT of pieces into fragments: largest first (ties: smaller name first), each into the
+// fragment with the fewest elements so far (ties: lowest index). members[p] lists positions in
+// `pieces` in model order.
+struct Packing {
+  std::vector<TensorPiece> pieces;
+  std::vector<TensorSpec> specs;
+  std::vector<std::vector<size_t>> members;
+  int64_t largest = 0;  // elements of the largest fragment
+};
+
+Packing pack(std::span<const TensorSpec> tensors, std::vector<TensorPiece> pieces, uint32_t num_fragments) {
+  Packing out;
+  out.specs.reserve(pieces.size());
+  for (const auto& piece : pieces) out.specs.push_back(piece_spec(tensors[piece.tensor], piece));
+  std::vector<size_t> by_size(pieces.size());
+  std::iota(by_size.begin(), by_size.end(), size_t{0});
+  std::sort(by_size.begin(), by_size.end(), [&](size_t a, size_t b) {
+    if (pieces[a].numel != pieces[b].numel) return pieces[a].numel > pieces[b].numel;
+    return out.specs[a].name < out.specs[b].name;
+  });
+  std::vector<int64_t> load(num_fragments, 0);
+  out.members.resize(num_fragments);
+  for (size_t i : by_size) {
+    // min_element returns the first minimum, i.e. the lowest fragment index among equals.
+    auto p = static_cast<size_t>(std::min_element(load.begin(), load.end()) - load.begin());
+    load[p] += pieces[i].numel;
+    out.members[p].push_back(i);
+  }
+  // Pieces are made in model order (tensor, then rows), so their index order is the model's.
+  for (auto& m : out.members) std::sort(m.begin(), m.end());
+  out.largest = *std::max_element(load.begin(), load.end());
+  out.pieces = std::move(pieces);
+  return out;
+}
+
 }  // namespace
+
+TensorSpec piece_spec(const TensorSpec& tensor, const TensorPiece& piece) {
+  if (piece.whole) return tensor;
+  TensorSpec out{detail::concat(tensor.name, "[", piece.row_begin, ":", piece.row_begin + piece.rows, "]"), tensor.shape};
+  out.shape.at(0) = piece.rows;
+  return out;
+}
 
 std::string shape_text(std::span<const int64_t> shape) {
   std::string out = "[";
@@ -76,10 +146,10 @@ std::string describe_difference(std::span<const TensorSpec> run, std::span<const
 FragmentLayout partition_tensors(std::span<const TensorSpec> tensors, uint32_t num_fragments) {
   if (tensors.size() > kMaxTensors)
     throw InvalidInput(detail::concat(tensors.size(), " tensors: at most ", kMaxTensors, " can be registered"));
-  if (num_fragments == 0 || num_fragments > tensors.size())
-    throw InvalidInput(detail::concat("cannot split ", tensors.size(), " tensors into ",
-                                      num_fragments,
-                                      " fragments: need 1 <= diloco.fragments <= number of tensors"));
+  if (tensors.empty()) throw InvalidInput("the model has no tensors: register at least one");
+  if (num_fragments == 0 || num_fragments > kMaxFragments)
+    throw InvalidInput(detail::concat("cannot split the model into ", num_fragments,
+                                      " fragments: need 1 <= diloco.fragments <= ", kMaxFragments));
   std::set<std::string_view> names;
   for (size_t i = 0; i < tensors.size(); ++i) {
     const TensorSpec& t = tensors[i];
@@ -105,28 +175,37 @@ FragmentLayout partition_tensors(std::span<const TensorSpec> tensors, uint32_t n
     }
   }
 
-  std::vector<size_t> by_size(tensors.size());
-  std::iota(by_size.begin(), by_size.end(), size_t{0});
-  std::sort(by_size.begin(), by_size.end(), [&](size_t a, size_t b) {
-    if (tensors[a].numel() != tensors[b].numel()) return tensors[a].numel() > tensors[b].numel();
-    return tensors[a].name < tensors[b].name;
-  });
+  int64_t total = 0;
+  for (const auto& t : tensors) total += t.numel();
 
-  std::vector<int64_t> load(num_fragments, 0);
-  std::vector<std::vector<size_t>> members(num_fragments);
-  for (size_t i : by_size) {
-    // min_element returns the first minimum, i.e. the lowest fragment index among equals.
-    auto p = static_cast<size_t>(std::min_element(load.begin(), load.end()) - load.begin());
-    load[p] += tensors[i].numel();
-    members[p].push_back(i);
-  }
+  // Whole tensors, unless cutting the tensors above the mean fragment into blocks of rows makes
+  // the largest fragment smaller (or whole tensors are too few to fill every fragment).
+  Packing packing = pack(tensors, row_blocks(tensors, total + 1), num_fragments);
+  Packing cut = pack(tensors, row_blocks(tensors, (total + num_fragments - 1) / num_fragments), num_fragments);
+  if (cut.pieces.size() < num_fragments)  // too few pieces: cut at the mean rounded down
+    cut = pack(tensors, row_blocks(tensors, std::max<int64_t>(1, total / num_fragments)), num_fragments);
+  if (packing.pieces.size() < num_fragments || cut.largest < packing.largest) packing = std::move(cut);
+  if (packing.pieces.size() < num_fragments)
+    throw InvalidInput(detail::concat("cannot split ", tensors.size(), " tensors into ", num_fragments,
+                                      " fragments: even cut into blocks of rows they make only ", packing.pieces.size(),
+                                      " pieces; lower diloco.fragments"));
+  const auto& pieces = packing.pieces;
+  const auto& specs = packing.specs;
+  const auto& members = packing.members;
+  for (size_t k = 0; k < pieces.size(); ++k)
+    if (!pieces[k].whole && names.count(specs[k].name))
+      throw InvalidInput(detail::concat("tensor '", tensors[pieces[k].tensor].name, "' is cut into blocks of rows, and '",
+                                        specs[k].name, "', the name of one of them, is also a tensor of the model: rename it"));
 
   FragmentLayout layout;
   layout.tensors.assign(tensors.begin(), tensors.end());
   layout.fragments.resize(num_fragments);
+  layout.pieces.resize(num_fragments);
   for (uint32_t p = 0; p < num_fragments; ++p) {
-    std::sort(members[p].begin(), members[p].end());
-    for (size_t i : members[p]) layout.fragments[p].push_back(tensors[i]);
+    for (size_t i : members[p]) {
+      layout.fragments[p].push_back(specs[i]);
+      layout.pieces[p].push_back(pieces[i]);
+    }
   }
   layout.fingerprint = fingerprint(tensors, layout);
   return layout;

@@ -17,15 +17,17 @@ torch::Tensor layer_norm(const torch::Tensor& x, const torch::Tensor& w, const t
   return torch::layer_norm(x, {x.size(-1)}, w, b, kLayerNormEps);
 }
 
-const TensorSpec& checked_spec(const Transformer& model, const FragmentLayout& layout, uint32_t p,
-                               size_t i) {
-  const TensorSpec& spec = layout.fragments.at(p)[i];
+// The model's tensor that piece i of fragment p comes from, checked against the layout, and the
+// rows of it the piece holds.
+torch::Tensor checked_piece(const Transformer& model, const FragmentLayout& layout, uint32_t p, size_t i) {
+  const TensorPiece& piece = layout.pieces.at(p).at(i);
+  const TensorSpec& spec = layout.tensors.at(piece.tensor);
   const torch::Tensor& t = model.parameter(spec.name);
   if (t.sizes().vec() != spec.shape)
     throw InvalidInput(detail::concat("fragment ", p, ": tensor ", spec.name, " has shape ",
                                       t.sizes(), " in the model but ",
                                       torch::IntArrayRef(spec.shape), " in the layout"));
-  return spec;
+  return piece.whole ? t : t.narrow(0, piece.row_begin, piece.rows);
 }
 
 }  // namespace
@@ -163,8 +165,7 @@ std::vector<std::vector<float>> copy_fragment(const Transformer& model,
                                               const FragmentLayout& layout, uint32_t p) {
   std::vector<std::vector<float>> values;
   for (size_t i = 0; i < layout.fragments.at(p).size(); ++i) {
-    const TensorSpec& spec = checked_spec(model, layout, p, i);
-    const torch::Tensor t = model.parameter(spec.name).detach().contiguous();
+    const torch::Tensor t = checked_piece(model, layout, p, i).detach().contiguous();
     values.emplace_back(t.data_ptr<float>(), t.data_ptr<float>() + t.numel());
   }
   return values;
@@ -176,18 +177,18 @@ void write_fragment(Transformer& model, const FragmentLayout& layout, uint32_t p
   if (values.size() != specs.size())
     throw InvalidInput(detail::concat("fragment ", p, " has ", specs.size(), " tensors, got ",
                                       values.size(), " value vectors"));
+  std::vector<torch::Tensor> targets;
   for (size_t i = 0; i < specs.size(); ++i) {
-    const TensorSpec& spec = checked_spec(model, layout, p, i);
-    if (static_cast<int64_t>(values[i].size()) != spec.numel())
-      throw InvalidInput(detail::concat("fragment ", p, ": tensor ", spec.name, " has ",
-                                        spec.numel(), " values, got ", values[i].size()));
+    targets.push_back(checked_piece(model, layout, p, i));
+    if (static_cast<int64_t>(values[i].size()) != specs[i].numel())
+      throw InvalidInput(detail::concat("fragment ", p, ": tensor ", specs[i].name, " has ",
+                                        specs[i].numel(), " values, got ", values[i].size()));
   }
   torch::NoGradGuard no_grad;
   for (size_t i = 0; i < specs.size(); ++i) {
-    torch::Tensor t = model.parameter(specs[i].name);
     // copy_ (rather than a raw memcpy) bumps the tensor's version counter, so autograd notices
     // if a graph that saved the old values were used after this write.
-    t.copy_(torch::from_blob(const_cast<float*>(values[i].data()), t.sizes(), torch::kFloat32));
+    targets[i].copy_(torch::from_blob(const_cast<float*>(values[i].data()), targets[i].sizes(), torch::kFloat32));
   }
 }
 

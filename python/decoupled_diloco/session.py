@@ -341,8 +341,9 @@ class Session:
 
     @property
     def fragments(self) -> list[list[str]]:
-        """The tensor names of each fragment, in wire order."""
-        return [[self._tensors[i].name for i in tensors] for tensors in self._runtime.fragments]
+        """The tensors of each fragment, in wire order: a tensor's name, or ``"name[r0:r1]"`` for
+        rows r0 to r1 - 1 of a tensor larger than a fragment should be, which several fragments share."""
+        return self._runtime.fragments
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else f"step {self.step_count}, versions {self.versions}"

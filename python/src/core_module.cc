@@ -241,17 +241,17 @@ nb::tuple rebuild_model(const std::string& config_path, const std::vector<std::s
     layout = run.layout;
     run_id = run.config.run.id;
   }
-  nb::dict tensors, versions, checksums;
-  for (auto& state : states) {
+  nb::dict versions, checksums;
+  for (const auto& state : states) {
     versions[nb::int_(state.fragment)] = state.version;
     checksums[nb::int_(state.fragment)] = state.checksum;
-    for (auto& t : state.params) {
-      auto* values = new std::vector<float>(std::move(t.values));
-      nb::capsule owner(values, [](void* p) noexcept { delete static_cast<std::vector<float>*>(p); });
-      std::vector<size_t> shape(t.shape.begin(), t.shape.end());
-      tensors[nb::str(layout->fragments[state.fragment].at(t.index).name.c_str())] =
-          nb::ndarray<nb::numpy, float>(values->data(), shape.size(), shape.data(), owner);
-    }
+  }
+  nb::dict tensors;
+  for (auto& t : named_tensors(*layout, states)) {
+    auto* values = new std::vector<float>(std::move(t.values));
+    nb::capsule owner(values, [](void* p) noexcept { delete static_cast<std::vector<float>*>(p); });
+    std::vector<size_t> shape(t.shape.begin(), t.shape.end());
+    tensors[nb::str(t.name.c_str())] = nb::ndarray<nb::numpy, float>(values->data(), shape.size(), shape.data(), owner);
   }
   nb::dict info;
   info["run_id"] = run_id;
@@ -310,9 +310,11 @@ NB_MODULE(_core, m) {
       .def_prop_ro("run_id", [](const Runtime& r) { return r.runtime().options().config.run.id; })
       .def_prop_ro("fragments",
                    [](const Runtime& r) {
-                     std::vector<std::vector<uint32_t>> out;
-                     for (uint32_t p = 0; p < r.runtime().layout().num_fragments(); ++p)
-                       out.push_back(r.runtime().fragment_tensors(p));
+                     std::vector<std::vector<std::string>> out;
+                     for (const auto& fragment : r.runtime().layout().fragments) {
+                       out.emplace_back();
+                       for (const auto& spec : fragment) out.back().push_back(spec.name);
+                     }
                      return out;
                    })
       .def("metric", [](Runtime& r, const std::string& name) { return r.runtime().metrics().value(name); },

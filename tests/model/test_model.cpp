@@ -87,7 +87,21 @@ TEST_CASE("invalid options are rejected", "[model]") {
 TEST_CASE("fragments round-trip through copy_fragment and write_fragment", "[model]") {
   Transformer m(kSmall, 5);
   const Transformer reference(kSmall, 5);
-  const auto layout = partition_tensors(m.tensor_specs(), 3);
+  // 3 fragments hold whole tensors; 40, more than the model's tensors, cut the largest into
+  // blocks of rows.
+  const uint32_t parts = GENERATE(3u, 40u);
+  const auto layout = partition_tensors(m.tensor_specs(), parts);
+  bool cut = false;
+  for (uint32_t p = 0; p < parts; ++p) {
+    const auto values = copy_fragment(m, layout, p);
+    for (size_t i = 0; i < values.size(); ++i) {
+      const TensorPiece& piece = layout.pieces[p][i];
+      cut = cut || !piece.whole;
+      const float* first = m.parameter(layout.tensors[piece.tensor].name).data_ptr<float>() + piece.offset;
+      REQUIRE(values[i] == std::vector<float>(first, first + piece.numel));
+    }
+  }
+  CHECK(cut == (parts == 40));
 
   auto values = copy_fragment(m, layout, 1);
   REQUIRE(values.size() == layout.fragments[1].size());

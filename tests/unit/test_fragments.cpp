@@ -44,27 +44,44 @@ int64_t max_numel(const std::vector<TensorSpec>& tensors) {
 
 }  // namespace
 
-TEST_CASE("every tensor lands in exactly one fragment, in model order", "[fragments]") {
+TEST_CASE("every row of every tensor lands in exactly one fragment, in model order", "[fragments]") {
   const auto tensors = gpt_like(3, 32);
-  for (uint32_t parts : {1u, 2u, 3u, 5u, 8u, static_cast<uint32_t>(tensors.size())}) {
+  for (uint32_t parts : {1u, 2u, 3u, 5u, 8u, static_cast<uint32_t>(tensors.size()), 40u}) {
     const auto layout = partition_tensors(tensors, parts);
     REQUIRE(layout.num_fragments() == parts);
-    std::map<std::string, int> seen;
+    REQUIRE(layout.pieces.size() == parts);
+    std::vector<std::vector<int>> rows_seen(tensors.size());
+    for (size_t i = 0; i < tensors.size(); ++i) rows_seen[i].assign(static_cast<size_t>(tensors[i].shape[0]), 0);
     for (uint32_t p = 0; p < parts; ++p) {
       REQUIRE_FALSE(layout.fragments[p].empty());
-      size_t previous = 0;
+      REQUIRE(layout.pieces[p].size() == layout.fragments[p].size());
+      std::pair<uint32_t, int64_t> previous{0, -1};
       for (size_t i = 0; i < layout.fragments[p].size(); ++i) {
         const auto& spec = layout.fragments[p][i];
-        ++seen[spec.name];
-        const auto pos = static_cast<size_t>(
-            std::find(tensors.begin(), tensors.end(), spec) - tensors.begin());
-        REQUIRE(pos < tensors.size());  // name and shape are the model's
-        if (i > 0) REQUIRE(pos > previous);
-        previous = pos;
+        const auto& piece = layout.pieces[p][i];
+        const TensorSpec& whole = tensors.at(piece.tensor);
+        const int64_t per_row = whole.numel() / whole.shape[0];
+        if (piece.whole) {
+          REQUIRE(spec == whole);
+          REQUIRE(piece.rows == whole.shape[0]);
+        } else {
+          REQUIRE(spec.name == diloco::detail::concat(whole.name, "[", piece.row_begin, ":",
+                                                      piece.row_begin + piece.rows, "]"));
+          REQUIRE(spec.shape[0] == piece.rows);
+          REQUIRE(std::equal(spec.shape.begin() + 1, spec.shape.end(), whole.shape.begin() + 1, whole.shape.end()));
+          REQUIRE(piece.rows < whole.shape[0]);
+        }
+        REQUIRE(piece.offset == piece.row_begin * per_row);
+        REQUIRE(piece.numel == piece.rows * per_row);
+        REQUIRE(spec.numel() == piece.numel);
+        const std::pair<uint32_t, int64_t> here{piece.tensor, piece.row_begin};
+        REQUIRE(here > previous);  // model order: by tensor, then by row
+        previous = here;
+        for (int64_t r = piece.row_begin; r < piece.row_begin + piece.rows; ++r) ++rows_seen[piece.tensor].at(static_cast<size_t>(r));
       }
     }
-    REQUIRE(seen.size() == tensors.size());
-    for (const auto& [name, count] : seen) REQUIRE(count == 1);
+    for (const auto& rows : rows_seen)
+      for (int count : rows) REQUIRE(count == 1);
   }
 }
 
@@ -76,12 +93,18 @@ TEST_CASE("fragments are balanced within the greedy LPT bound", "[fragments]") {
     for (int i = 0; i < n; ++i)
       tensors.push_back({diloco::detail::concat("t", i), {1 + static_cast<int64_t>(rng() % 1000),
                                                    1 + static_cast<int64_t>(rng() % 8)}});
-    const auto parts = 1 + static_cast<uint32_t>(rng() % n);
+    const auto parts = 1 + static_cast<uint32_t>(rng() % (2 * n));  // more fragments than tensors too
     const auto layout = partition_tensors(tensors, parts);
     int64_t sum = 0;
     for (uint32_t p = 0; p < parts; ++p) {
       sum += layout.fragment_numel(p);
+      // No tensor is cut unless it is above the mean fragment, so the bound of whole tensors holds.
       REQUIRE(layout.fragment_numel(p) <= total_numel(tensors) / parts + max_numel(tensors));
+      // And with cuts, the bound of the pieces, each at most the mean (rounded up to a row).
+      int64_t largest_piece = 0;
+      for (const auto& fragment : layout.pieces)
+        for (const auto& piece : fragment) largest_piece = std::max(largest_piece, piece.numel);
+      REQUIRE(layout.fragment_numel(p) <= total_numel(tensors) / parts + largest_piece);
     }
     REQUIRE(sum == total_numel(tensors));
   }
@@ -134,8 +157,8 @@ TEST_CASE("layout and fingerprint are stable and sensitive", "[fragments]") {
 TEST_CASE("bad fragment counts and duplicate names are invalid input", "[fragments]") {
   const auto tensors = gpt_like(1, 8);
   CHECK_THROWS_AS(partition_tensors(tensors, 0), InvalidInput);
-  CHECK_THROWS_AS(partition_tensors(tensors, static_cast<uint32_t>(tensors.size()) + 1),
-                  InvalidInput);
+  // More fragments than rows to cut: 96 + 64 + 8 + 24 + 8 + 32 + 8 + 96 rows.
+  CHECK_THROWS_AS(partition_tensors(tensors, 337), InvalidInput);
   CHECK_THROWS_AS(partition_tensors({}, 1), InvalidInput);
   auto duplicated = tensors;
   duplicated.push_back(tensors.front());
@@ -252,4 +275,67 @@ TEST_CASE("shape_text writes a shape as messages do", "[fragments]") {
   CHECK(shape_text(std::vector<int64_t>{3, 4}) == "[3,4]");
   CHECK(shape_text(std::vector<int64_t>{7}) == "[7]");
   CHECK(shape_text(std::vector<int64_t>{}) == "[]");
+}
+
+TEST_CASE("a tensor above the mean fragment is cut into blocks of rows", "[fragments]") {
+  // 720 + 240 + 8 = 968 over 4 fragments: the mean is 242. embed (720) becomes
+  // ceil(720 / 242) = 3 blocks of 30 rows (240 each); w (240) and b stay whole. LPT over 240 x 4
+  // (ties by name: embed[0:30] < embed[30:60] < embed[60:90] < w) fills fragments 0-3, then b
+  // joins fragment 0 (all at 240, the lowest index).
+  const std::vector<TensorSpec> tensors{{"embed", {90, 8}}, {"w", {15, 16}}, {"b", {8}}};
+  const auto layout = partition_tensors(tensors, 4);
+  const auto names = [&](uint32_t p) {
+    std::vector<std::string> out;
+    for (const auto& t : layout.fragments[p]) out.push_back(t.name);
+    return out;
+  };
+  CHECK(names(0) == std::vector<std::string>{"embed[0:30]", "b"});
+  CHECK(names(1) == std::vector<std::string>{"embed[30:60]"});
+  CHECK(names(2) == std::vector<std::string>{"embed[60:90]"});
+  CHECK(names(3) == std::vector<std::string>{"w"});
+  CHECK(layout.fragments[1][0].shape == std::vector<int64_t>{30, 8});
+  CHECK(layout.pieces[2][0] == TensorPiece{.tensor = 0, .row_begin = 60, .rows = 30, .offset = 480, .numel = 240,
+                                           .whole = false});
+  CHECK(layout.pieces[0][1] == TensorPiece{.tensor = 2, .row_begin = 0, .rows = 8, .offset = 0, .numel = 8, .whole = true});
+}
+
+TEST_CASE("one tensor larger than any fragment: a 525M-row-block layout, and uneven rows", "[fragments]") {
+  // The shape of a Llama-style embedding, 128,256 x 4,096, over 3 fragments: 42,752 rows each.
+  const std::vector<TensorSpec> tensors{{"embed", {128256, 4096}}};
+  const auto layout = partition_tensors(tensors, 3);
+  for (uint32_t p = 0; p < 3; ++p) {
+    REQUIRE(layout.pieces[p].size() == 1);
+    CHECK(layout.pieces[p][0].row_begin == 42752 * p);
+    CHECK(layout.fragment_numel(p) == int64_t{42752} * 4096);
+  }
+  // 10 rows over 4 fragments: blocks of 3, 3, 2, 2 rows, the longer first.
+  const auto uneven = partition_tensors(std::vector<TensorSpec>{{"v", {10}}}, 4);
+  std::vector<int64_t> rows;
+  for (const auto& fragment : uneven.pieces) rows.push_back(fragment.at(0).rows);
+  CHECK(rows == std::vector<int64_t>{3, 3, 2, 2});
+  // 5 rows over 4 fragments: at the mean rounded up (2) only 3 blocks, so cut at 1: five blocks,
+  // the fifth joins fragment 0.
+  const auto fine = partition_tensors(std::vector<TensorSpec>{{"v", {5}}}, 4);
+  CHECK(fine.fragment_numel(0) == 2);
+  CHECK(fine.fragment_numel(3) == 1);
+  // Rows cannot be cut: [2, 1000] makes two pieces at most.
+  CHECK_THROWS_WITH(partition_tensors(std::vector<TensorSpec>{{"m", {2, 1000}}}, 3),
+                    Contains("only 2 pieces") && Contains("lower diloco.fragments"));
+}
+
+TEST_CASE("a layout that cuts a tensor has a fingerprint of its own canonical text", "[fragments]") {
+  // w (8) is above the mean of 5: two blocks of 2 rows. LPT: w[0:2] -> 0, w[2:4] -> 1, c -> 0.
+  const std::vector<TensorSpec> tensors{{"w", {4, 2}}, {"c", {2}}};
+  const std::string text =
+      "diloco fragment layout v2\n"
+      "tensors 2\n1:w [4,2]\n1:c [2]\n"
+      "fragments 2\n"
+      "fragment 0\n6:w[0:2] [2,2]\n1:c [2]\n"
+      "fragment 1\n6:w[2:4] [2,2]\n";
+  CHECK(partition_tensors(tensors, 2).fingerprint == XXH64(text.data(), text.size(), 0));
+}
+
+TEST_CASE("a block's name that is also a tensor of the model is refused", "[fragments]") {
+  const std::vector<TensorSpec> tensors{{"w", {4, 2}}, {"w[0:2]", {1}}};
+  CHECK_THROWS_WITH(partition_tensors(tensors, 2), Contains("'w[0:2]'") && Contains("rename"));
 }

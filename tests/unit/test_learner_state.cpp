@@ -17,8 +17,8 @@ using testing::rejection;
 namespace {
 
 const FragmentLayout& layout() {
-  // LPT: w (12) -> 0; b (3), n (2) -> 1.
-  static const FragmentLayout l = partition_tensors(std::vector<TensorSpec>{{"w", {3, 4}}, {"b", {3}}, {"n", {2}}}, 2);
+  // LPT: w (12) -> 0; b (7), n (5) -> 1. No tensor is above the mean (12), so none is cut.
+  static const FragmentLayout l = partition_tensors(std::vector<TensorSpec>{{"w", {3, 4}}, {"b", {7}}, {"n", {5}}}, 2);
   return l;
 }
 

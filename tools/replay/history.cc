@@ -146,16 +146,47 @@ void verify_fragment(const ReplayRun& run, const FragmentLog& f, VerifyReport& r
 
 }  // namespace
 
-void save_states(const ReplayRun& run, const std::vector<FragmentState>& states, const nlohmann::json& info,
-                 const std::filesystem::path& path) {
-  std::vector<NamedTensor> tensors;
-  for (const auto& state : states) {
-    const auto& specs = run.layout->fragments.at(state.fragment);
-    for (const auto& t : state.params) tensors.push_back(NamedTensor{specs.at(t.index).name, t.shape, t.values});
+std::vector<NamedTensor> named_tensors(const FragmentLayout& layout, std::vector<FragmentState>& states) {
+  auto check = [&](const FragmentState& state, const DenseTensor& t) {
+    if (state.fragment >= layout.num_fragments() || t.index >= layout.fragments[state.fragment].size() ||
+        t.values.size() != static_cast<size_t>(layout.pieces[state.fragment][t.index].numel))
+      throw InvalidInput(detail::concat("fragment ", state.fragment, ": tensor ", t.index, " (", t.values.size(),
+                                        " values) is not in the layout"));
+  };
+  std::set<uint32_t> present;
+  for (const auto& state : states) present.insert(state.fragment);
+  std::vector<NamedTensor> out;
+  if (present.size() != layout.num_fragments() || states.size() != present.size()) {
+    for (auto& state : states)
+      for (auto& t : state.params) {
+        check(state, t);
+        out.push_back(NamedTensor{layout.fragments[state.fragment][t.index].name, t.shape, std::move(t.values)});
+      }
+    return out;
   }
+  for (const auto& spec : layout.tensors)
+    out.push_back(NamedTensor{spec.name, spec.shape, std::vector<float>(static_cast<size_t>(spec.numel()))});
+  for (auto& state : states)
+    for (auto& t : state.params) {
+      check(state, t);
+      const TensorPiece& piece = layout.pieces[state.fragment][t.index];
+      if (piece.whole) {
+        out[piece.tensor].values = std::move(t.values);
+      } else {
+        std::copy(t.values.begin(), t.values.end(), out[piece.tensor].values.begin() + piece.offset);
+        t.values = {};
+      }
+    }
+  return out;
+}
+
+void save_states(const ReplayRun& run, std::vector<FragmentState> states, const nlohmann::json& info,
+                 const std::filesystem::path& path) {
+  const bool whole_model = states.size() == run.layout->num_fragments();
+  std::vector<NamedTensor> tensors = named_tensors(*run.layout, states);
   std::map<std::string, std::string> metadata{{"info", info.dump()}};
   // A whole model of the built-in architecture names it, so that diloco-sample reads the file.
-  if (states.size() == run.layout->num_fragments() && builtin_layout(run.config).fingerprint == run.layout->fingerprint) {
+  if (whole_model && builtin_layout(run.config).fingerprint == run.layout->fingerprint) {
     const ModelOptions m = model_options(run.config.model);
     metadata["model"] = nlohmann::json{{"vocab", m.vocab}, {"layers", m.layers}, {"width", m.width},
                                        {"heads", m.heads}, {"context", m.context}}.dump();
@@ -198,7 +229,7 @@ void rebuild(const ReplayRun& run, const RebuildOptions& o, std::ostream& out) {
   nlohmann::json info{{"kind", "rebuild"}, {"run_id", run.config.run.id}, {"fingerprint", run.layout->fingerprint},
                       {"version", o.version}, {"versions", versions}, {"checksums", checksums},
                       {"config", run.config.source}};
-  save_states(run, states, info, o.out);
+  save_states(run, std::move(states), info, o.out);
   out << "wrote " << o.out.string() << "\n";
 }
 

@@ -210,7 +210,7 @@ RemergeReport remerge(const ReplayRun& run, const RemergeOptions& o, std::ostrea
     states.push_back(std::move(state));
   }
   if (!o.out.empty()) {
-    save_states(run, states, {{"kind", "remerge"}, {"run_id", run.config.run.id}, {"regrouped", report.regrouped}}, o.out);
+    save_states(run, std::move(states), {{"kind", "remerge"}, {"run_id", run.config.run.id}, {"regrouped", report.regrouped}}, o.out);
     progress << "remerge: wrote the re-merged model to " << o.out.string() << "\n";
   }
   return report;

@@ -25,6 +25,7 @@
 #include "core/config/run_config.h"
 #include "core/kafka/options.h"
 #include "core/kafka/topics.h"
+#include "core/files/safetensors.h"
 #include "merger/recovery.h"
 
 namespace diloco {
@@ -238,9 +239,15 @@ void print_remerge(const RemergeReport& report, bool json, std::ostream& out);
 
 const char* merge_rule_name(MergeRule rule);               // "rda" | "avg", as in the config
 
-// Writes fragment states as one safetensors file of their tensors by name (every tensor of the
-// states given; for a run of the built-in model and every fragment, with its architecture).
-void save_states(const ReplayRun& run, const std::vector<FragmentState>& states, const nlohmann::json& info,
+// The parameters of fragment states by name. With every fragment of the layout, the model's
+// tensors whole, in model order (a tensor cut into blocks of rows is put together); otherwise
+// each fragment's tensors as it holds them ("name[r0:r1]" for a block of rows). Takes the values
+// out of `states`. Throws InvalidInput when a state does not match the layout.
+std::vector<NamedTensor> named_tensors(const FragmentLayout& layout, std::vector<FragmentState>& states);
+
+// Writes fragment states as one safetensors file of their tensors by name (named_tensors; for a
+// run of the built-in model and every fragment, with its architecture).
+void save_states(const ReplayRun& run, std::vector<FragmentState> states, const nlohmann::json& info,
                  const std::filesystem::path& path);
 
 }  // namespace diloco
