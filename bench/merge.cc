@@ -13,6 +13,14 @@
 // Time = wall clock of one merge_step_in_place: norms, weighted sums, outer step, the downlink's
 // quantization with error feedback, the checksum. Decoding and Kafka are not included. The
 // checksum (xxh64, one thread) is also timed alone, once, on the last result.
+//
+// The memory-bandwidth bound, measured in the same run: a triad a[i] = b[i] + s c[i] over three
+// arrays of --params floats on the same threads (ranges of 1 Mi values through the same
+// WorkPool), 12 bytes per element as STREAM counts it (best of the runs). The least a merge must
+// move per parameter: read and write the parameters and the outer momentum (16 bytes), the
+// downlink's residual (int4: 8 more), read each input as held, and write the update (fp32: 4
+// bytes; int4: half a byte and its scales). bound = bandwidth / those bytes: the merge's rate if
+// it touched every byte once at the triad's speed; "x bound" is the merge's rate over it.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -55,6 +63,23 @@ std::vector<DenseTensor> random_tensors(const std::vector<TensorSpec>& layout, s
     out.push_back(std::move(tensor));
   }
   return out;
+}
+
+// Bytes per second of the triad a = b + s c on `pool`'s threads: best of `runs`.
+double triad_bandwidth(size_t n, WorkPool& pool, int runs) {
+  std::vector<float> a(n), b(n, 1.0f), c(n, 2.0f);
+  constexpr size_t kGrain = size_t{1} << 20;
+  double best = 1e30;
+  for (int r = 0; r < runs + 1; ++r) {  // the first run touches the pages: not counted
+    const auto t0 = std::chrono::steady_clock::now();
+    for_ranges(&pool, n, kGrain, [&](size_t, size_t begin, size_t end) {
+      for (size_t i = begin; i < end; ++i) a[i] = b[i] + 0.5f * c[i];
+    });
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (r > 0) best = std::min(best, seconds);
+  }
+  DILOCO_ENFORCE(a[n / 2] == 2.0f, "triad result");
+  return static_cast<double>(3 * n * sizeof(float)) / best;
 }
 
 }  // namespace
@@ -125,16 +150,22 @@ int main(int argc, char** argv) {
               "(median), hardware threads %u\n\n",
               params, static_cast<double>(params) * 4 / 1048576.0, layout.size(), inputs, runs,
               std::thread::hardware_concurrency());
-  std::printf("| downlink | inputs | MiB held per input | threads | s per merge | of which checksum (1 thread) | "
-              "M params/s | x first row | checksum |\n"
-              "|---|---|---:|---:|---:|---:|---:|---:|---|\n");
+  std::vector<double> bandwidth;
+  for (unsigned threads : thread_counts) {
+    WorkPool pool(threads);
+    bandwidth.push_back(triad_bandwidth(params, pool, runs));
+    std::printf("triad bandwidth, %zu threads: %.2f GB/s\n", pool.threads(), bandwidth.back() / 1e9);
+  }
+  std::printf("\n| downlink | inputs | MiB held per input | threads | s per merge | of which checksum (1 thread) | "
+              "M params/s | x first row | bytes moved at least per param | bound M params/s | x bound | checksum |\n"
+              "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n");
   bool same = true;
   for (const DownlinkCodec downlink : {DownlinkCodec{DType::F32, 0}, DownlinkCodec{DType::INT4, 64}}) {
     double one_thread = 0;
     uint64_t first_checksum = 0;
     for (const InputForm& form : forms) {
-      for (unsigned threads : thread_counts) {
-        WorkPool pool(threads);
+      for (size_t ti = 0; ti < thread_counts.size(); ++ti) {
+        WorkPool pool(thread_counts[ti]);
         MergeOptions o{.tensors = layout, .downlink = downlink, .pool = &pool};
         o.hyper.lr = 0.7f;
         o.hyper.momentum = 0.9f;
@@ -159,9 +190,15 @@ int main(int argc, char** argv) {
           first_checksum = checksum;
         }
         same = same && checksum == first_checksum;
-        std::printf("| %s | %s | %.1f | %zu | %.3f | %.3f | %.1f | %.2f | %016llx%s |\n", dtype_name(downlink.dtype),
-                    form.name, static_cast<double>(form.bytes) / 1048576.0, pool.threads(), median, checksum_seconds,
-                    static_cast<double>(params) / median / 1e6, one_thread / median,
+        const bool int4 = downlink.dtype == DType::INT4;
+        const double least = 16.0 + (int4 ? 8.0 : 0.0) +
+                             inputs * static_cast<double>(form.bytes) / static_cast<double>(params) +
+                             (int4 ? 0.5 + 4.0 / downlink.block_size : 4.0);
+        const double bound = bandwidth[ti] / least;
+        const double rate = static_cast<double>(params) / median;
+        std::printf("| %s | %s | %.1f | %zu | %.3f | %.3f | %.1f | %.2f | %.2f | %.1f | %.2f | %016llx%s |\n",
+                    dtype_name(downlink.dtype), form.name, static_cast<double>(form.bytes) / 1048576.0, pool.threads(),
+                    median, checksum_seconds, rate / 1e6, one_thread / median, least, bound / 1e6, rate / bound,
                     static_cast<unsigned long long>(checksum), checksum == first_checksum ? "" : " DIFFERS");
       }
     }

@@ -7,7 +7,8 @@
 # version. Records per case: parameters merged per second per instance, the peak RSS of every
 # process (ps, every 0.5 s), bytes per parameter up (deltas) and down (what the first subscriber
 # received over ZeroMQ, per version it holds), the late joiner's time to hold every fragment, and
-# where a merge's time goes (the merge events' timings).
+# where a merge's time goes (the merge events' timings). With --tensors, the newest version is
+# also rebuilt whole and fragment by fragment, and the two compared (rebuild_check).
 #
 #   bench/scale.sh [--width 1024] [--layers 8] [--fragments 8] [--learners 2] [--rounds 3]
 #                  [--pace 0] [--instances "1 2"] [--tensors SPEC] [--bin-dir DIR] [--keep] [--keep-topics]
@@ -37,7 +38,7 @@ while [[ $# -gt 0 ]]; do
     --bin-dir) BIN="$2"; shift 2 ;;
     --keep) keep=1; shift ;;
     --keep-topics) keep_topics=1; shift ;;
-    -h|--help) sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "scale.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -58,6 +59,45 @@ echo "# scale: $(date -u) | nproc $(nproc) | $(grep -m1 'model name' /proc/cpuin
 echo "# ${tensors:+tensors $tensors, }width $width, layers $layers, $fragments fragments, $learners fake learners, $rounds rounds; load $(cut -d' ' -f1-3 /proc/loadavg)"
 
 merged_inputs() { { cat "$1"/M*/metrics.jsonl 2>/dev/null || true; } | jq -s '[.[] | select(.event == "merge") | .inputs | length] | add // 0'; }
+
+# With --tensors: diloco-replay rebuilds the newest version whole and each fragment alone; every
+# tensor of the whole file must have its --tensors shape, and every block of rows a fragment holds
+# must equal those rows of the whole file (the fragments' own versions are what verify checked).
+rebuild_check() {  # dir, config overrides...
+  local dir="$1"; shift
+  local newest
+  newest=$(jq '[.versions[] | .[-1].version] | min' "$dir/audit.json")
+  "$BIN/diloco-replay" -c "$config" "$@" --bootstrap "$BOOTSTRAP" rebuild --version "$newest" \
+    --out "$dir/whole.safetensors" > "$dir/rebuild.log" 2>&1 || { echo "scale.sh: rebuild failed" >&2; return 1; }
+  local p
+  for ((p = 0; p < fragments; p++)); do
+    "$BIN/diloco-replay" -c "$config" "$@" --bootstrap "$BOOTSTRAP" rebuild --version "$newest" --fragment "$p" \
+      --out "$dir/fragment-$p.safetensors" >> "$dir/rebuild.log" 2>&1 || { echo "scale.sh: rebuild of fragment $p failed" >&2; return 1; }
+  done
+  PYTHONPATH="$ROOT/python" "$ROOT/.venv/bin/python" - "$dir" "$fragments" "$tensors" <<'PY' | tee "$dir/rebuild-check.txt"
+import re, sys
+import numpy as np
+from decoupled_diloco import safetensors
+d, fragments, spec = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+whole = safetensors.load_file(f"{d}/whole.safetensors")
+shapes = {name: tuple(int(x) for x in dims.split("x")) for name, dims in (t.split("=") for t in spec.split(","))}
+assert {k: v.shape for k, v in whole.items()} == shapes, f"whole file: {[(k, v.shape) for k, v in whole.items()]}"
+checked = 0
+for p in range(fragments):
+    for name, values in safetensors.load_file(f"{d}/fragment-{p}.safetensors").items():
+        m = re.fullmatch(r"(.+)\[(\d+):(\d+)\]", name)
+        base, rows = (m.group(1), slice(int(m.group(2)), int(m.group(3)))) if m else (name, slice(None))
+        assert np.array_equal(whole[base][rows], values), f"fragment {p}: {name} differs from the whole file"
+        checked += values.size
+total = sum(v.size for v in whole.values())
+assert checked == total, f"the fragments hold {checked} values, the model {total}"
+print(f"  rebuild: the whole model ({', '.join(f'{k} {list(v.shape)}' for k, v in whole.items())}) equals its "
+      f"{fragments} fragments rebuilt alone, {checked} values: PASS")
+PY
+  local rc=${PIPESTATUS[0]}
+  rm -f "$dir"/whole.safetensors "$dir"/fragment-*.safetensors
+  return "$rc"
+}
 
 scale_case() {  # instances
   local n="$1" run="sc$(date +%s%N | cut -c8-15)" i
@@ -129,6 +169,7 @@ scale_case() {  # instances
   "$BIN/diloco-replay" -c "$config" "${rs[@]}" --bootstrap "$BOOTSTRAP" --run "$run" audit --json > "$dir/audit.json" || rc=1
   local verified=PASS
   "$BIN/diloco-replay" -c "$config" "${rs[@]}" --bootstrap "$BOOTSTRAP" --run "$run" verify > "$dir/verify.log" 2>&1 || verified=FAIL
+  [[ -z "$tensors" ]] || rebuild_check "$dir" "${rs[@]}" || rc=1
   python3 - "$dir" "$n" "$t0" "$t1" "$verified ($(grep -m1 '^verified' "$dir/verify.log" || tail -1 "$dir/verify.log"))" <<'PY' || rc=1
 import glob, json, os, sys
 d, n, t0, t1, verify = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4]), sys.argv[5]
