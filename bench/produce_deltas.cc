@@ -88,8 +88,10 @@ void propose_genesis(const KafkaOptions& kafka, const RunConfig& config, const R
                                        .key = std::to_string(p), .value = piece},
                                       p, 60000);
                    });
+    // Delivered before the next fragment is made: librdkafka keeps a copy of every piece until
+    // then, and a model's worth of queued proposals is more memory than the rest of the run.
+    if (producer.flush(60000) != 0 || failed) throw Unavailable("the proposals of version 0 were not delivered");
   }
-  if (producer.flush(60000) != 0 || failed) throw Unavailable("the proposals of version 0 were not delivered");
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::minutes(5);
   while (read_states(kafka, topics, limits, P).latest.size() < P) {
     if (std::chrono::steady_clock::now() > deadline || stop_requested())
