@@ -1,10 +1,11 @@
 // Codec throughput and size on 64 MiB of fp32 deltas, one thread. Prints a Markdown table.
 //
-//   bench-codec [--runs N] [--seed S] [--deltas FILE.safetensors] [--topk K] [--block B]
+//   bench-codec [--runs N] [--seed S] [--deltas FILE.safetensors]... [--topk K] [--block B]
 //
 // Data: gaussian deltas in five tensors of transformer-like shapes, each with its own standard
 // deviation (seeded, deterministic); or, with --deltas, the fp32 tensors of a safetensors file
-// (e.g. a real outer gradient from `diloco-replay dump`), as one fragment. Top-k rows keep K of
+// (e.g. a real outer gradient from `diloco-replay dump`; repeat --deltas to join the fragments of
+// one round), as one fragment. Top-k rows keep K of
 // each block of B (default 96 of 1024, configs/demo.toml) with error feedback, in the dense form
 // (zstd removes the zeros) and in the sparse form (core/codec/sparse.h). Encode = quantize + byte-shuffle + FlatBuffer + zstd
 // (encode_delta on dense tensors, level 1); decode = bounded zstd + verify + all strict checks +
@@ -65,12 +66,12 @@ double mbps(size_t bytes, double seconds) { return static_cast<double>(bytes) / 
 int main(int argc, char** argv) {
   int runs = 7;
   unsigned seed = 42;
-  const char* deltas_file = nullptr;
+  std::vector<std::string> deltas_files;
   uint32_t topk = 96, topk_block = 1024;
   for (int i = 1; i + 1 < argc; i += 2) {
     if (!std::strcmp(argv[i], "--runs")) runs = std::atoi(argv[i + 1]);
     else if (!std::strcmp(argv[i], "--seed")) seed = static_cast<unsigned>(std::atoi(argv[i + 1]));
-    else if (!std::strcmp(argv[i], "--deltas")) deltas_file = argv[i + 1];
+    else if (!std::strcmp(argv[i], "--deltas")) deltas_files.emplace_back(argv[i + 1]);
     else if (!std::strcmp(argv[i], "--topk")) topk = static_cast<uint32_t>(std::atoi(argv[i + 1]));
     else if (!std::strcmp(argv[i], "--block")) topk_block = static_cast<uint32_t>(std::atoi(argv[i + 1]));
     else {
@@ -89,10 +90,12 @@ int main(int argc, char** argv) {
     tensors.push_back({static_cast<uint32_t>(tensors.size()), std::move(shape), std::move(values)});
     numel += tensors.back().values.size();
   };
-  if (deltas_file) {
-    for (auto& t : load_safetensors(deltas_file).tensors)
-      if (!t.values.empty()) add_tensor(t.name, t.shape, std::move(t.values));
-    std::printf("deltas from %s\n", deltas_file);
+  if (!deltas_files.empty()) {
+    for (const auto& file : deltas_files) {
+      for (auto& t : load_safetensors(file).tensors)
+        if (!t.values.empty()) add_tensor(t.name, t.shape, std::move(t.values));
+      std::printf("deltas from %s\n", file.c_str());
+    }
   } else {
     std::mt19937_64 rng(seed);
     for (const auto& s : kShapes) {

@@ -101,6 +101,33 @@ size_t positions_ge(const uint8_t* bucket, size_t n, uint8_t t, uint32_t* out) {
   return c;
 }
 
+// The k-th largest of mag[0, n) (1 <= k <= n); `work` (n entries) is reordered. When every value
+// shares its bits above kShift (one bucket but the lowest), a histogram of the next 8 bits first
+// narrows the values to rank to those of one sub-bucket.
+uint32_t kth_largest(const uint32_t* mag, size_t n, size_t k, bool one_key, uint32_t* work) {
+  constexpr size_t kSmall = 32;
+  if (one_key && n > kSmall) {
+    constexpr int kSubShift = kShift - 8;
+    uint32_t hist[kBuckets] = {};
+    for (size_t j = 0; j < n; ++j) ++hist[(mag[j] >> kSubShift) & 0xFFu];
+    size_t above = 0;
+    uint32_t sub = kBuckets - 1;
+    for (; above + hist[sub] < k; --sub) above += hist[sub];
+    size_t m = 0;
+    for (size_t j = 0; j < n; ++j) {
+      const uint32_t v = mag[j];
+      work[m] = v;
+      m += ((v >> kSubShift) & 0xFFu) == sub;
+    }
+    n = m;
+    k -= above;
+  } else {
+    std::copy(mag, mag + n, work);
+  }
+  std::nth_element(work, work + (k - 1), work + n, std::greater<>());
+  return work[k - 1];
+}
+
 }  // namespace
 
 void select_topk(const float* x, size_t n, size_t k, uint32_t* out, TopkScratch& s) {
@@ -160,12 +187,11 @@ void select_topk(const float* x, size_t n, size_t k, uint32_t* out, TopkScratch&
     mag[nc] = std::bit_cast<uint32_t>(x[ge[j]]) & kAbsMask;
     nc += bucket[ge[j]] == bb;
   }
-  std::nth_element(mag, mag + (wanted - 1), mag + nc, std::greater<>());
-  const uint32_t threshold = mag[wanted - 1];
+  s.keys.resize(m + 1);
+  const uint32_t threshold = kth_largest(mag, nc, wanted, bb != 0, s.keys.data());
   size_t greater = 0;
   for (size_t j = 0; j < nc; ++j) greater += mag[j] > threshold;
   const size_t ties = wanted - greater;
-  s.keys.resize(m + 1);
   uint32_t* __restrict kept = s.keys.data();
   size_t c = 0, equal = 0;
   for (size_t j = 0; j < m; ++j) {
