@@ -21,9 +21,17 @@ CodecOptions options_of(const Delta& d) {
           .byte_shuffle = d.byte_shuffle};
 }
 
+// Quantized tensors with topk > 0 are sent sparse: a dense delta that only declared its topk
+// goes back dense (its blocks may hold more values).
+CodecOptions quantized_options_of(const Delta& d) {
+  CodecOptions o = options_of(d);
+  if (!d.sparse) o.topk = 0;
+  return o;
+}
+
 // The delta as it travelled: INT8/INT4 tensors as sent, F32/BF16 ones as decoded (exact in their dtype).
 std::vector<uint8_t> encode(const Delta& d) {
-  if (d.tensors.empty() && !d.quantized.empty()) return encode_delta(d.header, d.quantized, options_of(d));
+  if (d.tensors.empty() && !d.quantized.empty()) return encode_delta(d.header, d.quantized, quantized_options_of(d));
   return encode_delta(d.header, d.tensors, options_of(d));
 }
 

@@ -59,6 +59,16 @@ std::vector<DenseTensor> tensors(uint32_t p, float scale) {
   return out;
 }
 
+// Quantized by top-k error feedback (from a zero residual), as a learner or a merger's downlink does.
+std::vector<QuantizedTensor> topk_feedback(const std::vector<DenseTensor>& dense, const CodecOptions& codec) {
+  std::vector<QuantizedTensor> out;
+  for (const auto& t : dense) {
+    ErrorFeedback feedback(static_cast<int64_t>(t.values.size()));
+    out.push_back(feedback.push(t.index, t.shape, t.values, codec.dtype, codec.block_size, codec.topk));
+  }
+  return out;
+}
+
 DeltaHeader delta_header(uint32_t fragment) {
   return {.run_id = "run-1", .fingerprint = layout().fingerprint, .learner_id = "eu-0", .region = "eu",
           .fragment = fragment, .seq = 12, .base_version = 40, .inner_steps = 50, .tokens = 50 * 8192,
@@ -74,6 +84,11 @@ void deltas() {
   message("delta", "bf16-fragment1", encode_delta(delta_header(1), tensors(1, 1e-3f), bf16));
   message("delta", "int8-topk-fragment0", encode_delta(delta_header(0), tensors(0, 1e-3f), int8));
   message("delta", "int4-fragment0", encode_delta(delta_header(0), tensors(0, 1e-3f), int4));
+  // Top-k with error feedback, as a learner sends it: the sparse form (core/codec/sparse.h).
+  for (const auto& [dtype, name] : {std::pair{DType::INT4, "int4-sparse-fragment0"}, std::pair{DType::INT8, "int8-sparse-fragment0"}}) {
+    const CodecOptions sparse{.dtype = dtype, .block_size = 16, .topk = 3, .byte_shuffle = false};
+    message("delta", name, encode_delta(delta_header(0), topk_feedback(tensors(0, 1e-3f), sparse), sparse));
+  }
 }
 
 void fragment_params() {
@@ -89,6 +104,9 @@ void fragment_params() {
   std::vector<QuantizedTensor> change;
   for (const auto& t : tensors(1, 1e-2f)) change.push_back(quantize(t.index, t.shape, t.values, DType::INT8, 2));
   message("fragment_params", "int8-update-fragment1", encode_fragment_update(update, change, int8));
+  const CodecOptions sparse{.dtype = DType::INT4, .block_size = 8, .topk = 2, .byte_shuffle = false};
+  message("fragment_params", "int4-sparse-update-fragment1",
+          encode_fragment_update(update, topk_feedback(tensors(1, 1e-2f), sparse), sparse));
 }
 
 DeltaRef delta_ref(int64_t offset, const std::string& learner) {

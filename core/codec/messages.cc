@@ -126,7 +126,8 @@ std::vector<uint8_t> encode_delta(const DeltaHeader& header,
 
 std::vector<uint8_t> encode_delta(const DeltaHeader& header, std::span<const DenseTensor> tensors,
                                   const CodecOptions& options) {
-  const WireCodec codec = codec_of(options);
+  WireCodec codec = codec_of(options);
+  codec.sparse = false;  // no top-k selection here: dense, topk declared
   auto& fbb = builder();
   const auto tensor_vector = add_dense(fbb, tensors, codec);
   return finish_delta(fbb, header, codec, tensor_vector, options.zstd_level);
@@ -154,6 +155,7 @@ void decode_delta(std::span<const uint8_t> bytes, const DecodeLimits& limits, De
   out.dtype = codec.dtype;
   out.block_size = codec.block_size;
   out.topk = codec.topk;
+  out.sparse = codec.sparse;
   out.byte_shuffle = codec.byte_shuffle;
   out.wire_bytes = bytes.size();
 }

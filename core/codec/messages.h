@@ -78,7 +78,8 @@ struct Delta {
   DeltaHeader header;
   DType dtype = DType::F32;
   uint32_t block_size = 0;
-  uint32_t topk = 0;  // as the sender declared it (CodecOptions::topk); not enforced on the values
+  uint32_t topk = 0;  // as the sender declared it (CodecOptions::topk); enforced on sparse tensors only
+  bool sparse = false;  // the tensors travelled in the sparse form (core/codec/sparse.h)
   bool byte_shuffle = false;
   std::vector<DenseTensor> tensors;  // dequantized to fp32 (empty when `quantized` holds them)
   // DeltaValues::AsSent and an INT8 or INT4 delta: the tensors as they travelled (payload and
@@ -91,10 +92,14 @@ struct Delta {
 // they travelled (for a reader that holds many deltas; merger/delta_tensors.h reads them).
 enum class DeltaValues : uint8_t { Dense, AsSent };
 
-// Tensors must already be quantized (the learner quantizes through ErrorFeedback).
+// Tensors must already be quantized (the learner quantizes through ErrorFeedback). With
+// options.topk > 0 they travel in the sparse form (core/codec/sparse.h) and each block must hold at
+// most topk values that are not 0 (InvalidInput otherwise), as ErrorFeedback::push with that topk
+// makes them.
 std::vector<uint8_t> encode_delta(const DeltaHeader& header, std::span<const QuantizedTensor> tensors,
                                   const CodecOptions& options);
-// Convenience: quantize dense tensors (no error feedback) and encode.
+// Convenience: quantize dense tensors (no error feedback, no top-k selection) and encode, always
+// in the dense form (options.topk is only declared).
 std::vector<uint8_t> encode_delta(const DeltaHeader& header, std::span<const DenseTensor> tensors,
                                   const CodecOptions& options);
 Delta decode_delta(std::span<const uint8_t> bytes, const DecodeLimits& limits,
@@ -126,7 +131,8 @@ struct FragmentParams {
 // A snapshot, sent as fp32 (byte-shuffled); `checksum` is filled in by the encoder when it is 0.
 std::vector<uint8_t> encode_fragment_params(const FragmentParams& msg, int zstd_level = 1);
 // An update: msg's header (update, base_version, checksum of the result) with the quantized
-// change (the tensors must match `codec`'s dtype and block size; msg.tensors is not read).
+// change (the tensors must match `codec`'s dtype and block size; msg.tensors is not read). With
+// codec.topk > 0 the change travels in the sparse form, as encode_delta's quantized tensors do.
 std::vector<uint8_t> encode_fragment_update(const FragmentParams& msg,
                                             std::span<const QuantizedTensor> change,
                                             const CodecOptions& codec);

@@ -18,6 +18,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "core/codec/topk.h"
 #include "core/errors.h"
 
 static_assert(std::endian::native == std::endian::little,
@@ -59,13 +60,15 @@ struct BlockScale {
 // scale = absmax / levels. A block whose scale would be subnormal (absmax < levels * FLT_MIN)
 // is flushed to zero: its inverse would overflow. A non-finite absmax gives a
 // non-finite scale, which the decoder rejects.
-BlockScale block_scale(const float* v, size_t n, float levels) {
-  const float amax = std::bit_cast<float>(absmax_bits(v, n));
+BlockScale scale_of(uint32_t amax_bits, float levels) {
+  const float amax = std::bit_cast<float>(amax_bits);
   const float scale = amax / levels;
   if (scale >= FLT_MIN && scale <= FLT_MAX) return {scale, levels / amax};
   if (std::isfinite(scale)) return {0.0f, 0.0f};
   return {scale, 0.0f};
 }
+
+BlockScale block_scale(const float* v, size_t n, float levels) { return scale_of(absmax_bits(v, n), levels); }
 
 inline uint32_t quant_bits(float v, float inv) {
   return std::bit_cast<uint32_t>(v * inv + kRoundMagic);
@@ -242,6 +245,27 @@ void add(const float* __restrict a, const float* __restrict b, size_t n, float* 
   for (; i < n; ++i) out[i] = a[i] + b[i];
 }
 
+// inout[i] = a[i] + inout[i] (a and inout do not overlap); returns absmax_bits of the result.
+uint32_t add_into(const float* __restrict a, size_t n, float* __restrict inout) {
+  int32_t acc[kChunk] = {};
+  size_t i = 0;
+  for (; i + kChunk <= n; i += kChunk)
+    for (size_t j = 0; j < kChunk; ++j) {
+      const float x = a[i + j] + inout[i + j];
+      inout[i + j] = x;
+      const auto m = static_cast<int32_t>(std::bit_cast<uint32_t>(x) & kAbsMask);
+      acc[j] = m > acc[j] ? m : acc[j];
+    }
+  int32_t m = 0;
+  for (size_t j = 0; j < kChunk; ++j) m = acc[j] > m ? acc[j] : m;
+  for (; i < n; ++i) {
+    inout[i] = a[i] + inout[i];
+    const auto v = static_cast<int32_t>(std::bit_cast<uint32_t>(inout[i]) & kAbsMask);
+    m = v > m ? v : m;
+  }
+  return static_cast<uint32_t>(m);
+}
+
 // inout[i] = a[i] - inout[i].
 void subtract_from(const float* __restrict a, size_t n, float* __restrict inout) {
   size_t i = 0;
@@ -269,6 +293,74 @@ void keep_largest(float* x, size_t n, size_t keep, std::vector<uint32_t>& bits) 
       continue;
     }
     x[i] = 0.0f;
+  }
+}
+
+// The quantized code of a kept value at position i of a segment's payload (the segment starts on
+// a byte), and its dequantized value: the same operations as quantize_run_* and dequantize_run_*.
+inline float put_code(DType dtype, float v, float inv, float scale, size_t i, uint8_t* payload) {
+  const uint32_t q = quant_bits(v, inv);
+  if (dtype == DType::INT8) {
+    payload[i] = static_cast<uint8_t>(q);
+    return static_cast<float>(static_cast<int8_t>(q)) * scale;
+  }
+  const auto code = static_cast<uint8_t>(q & 0xFu);
+  payload[i >> 1] = static_cast<uint8_t>(payload[i >> 1] | code << ((i & 1) << 2));
+  return low_nibble(code) * scale;
+}
+
+// One block whose scale is not finite (a NaN or Inf in it), element by element as the dense
+// path does it: keep_largest on a copy, then every value quantized with the block's inverse.
+void topk_block_reference(DType dtype, float* x, float* sent, size_t m, size_t topk, BlockScale sc,
+                          size_t first, uint8_t* payload, std::vector<float>& copy, std::vector<uint32_t>& bits) {
+  copy.assign(x, x + m);
+  if (m > topk) keep_largest(copy.data(), m, topk, bits);
+  for (size_t i = 0; i < m; ++i) {
+    const float deq = put_code(dtype, copy[i], sc.inv, sc.scale, first + i, payload);
+    if (sent) sent[i] = deq;
+    x[i] = x[i] - deq;
+  }
+}
+
+// feedback_range's top-k path on one segment of whole blocks starting on a byte: x = delta +
+// residual is formed in `residual`; per block only the kept values are quantized (the others are
+// 0, which dequantizes to +0, so their residual stays x and what is sent is +0), which gives the
+// bits of quantizing the whole block with the others zeroed. The block's scale is that of its
+// largest magnitude, which top-k always keeps.
+void topk_segment(DType dtype, size_t block, size_t topk, const float* __restrict delta, float* residual,
+                  float* sent, size_t len, float* scales, uint8_t* payload, size_t payload_len) {
+  std::memset(payload, 0, payload_len);
+  if (sent) std::fill(sent, sent + len, 0.0f);
+  const float levels = dtype == DType::INT8 ? kInt8Levels : kInt4Levels;
+  thread_local TopkScratch select;
+  thread_local std::vector<uint32_t> kept;
+  thread_local std::vector<float> copy;
+  thread_local std::vector<uint32_t> bits;
+  for (size_t b = 0, k = 0; b < len; b += block, ++k) {
+    const size_t m = std::min(block, len - b);
+    float* x = residual + b;
+    const uint32_t amax = add_into(delta + b, m, x);
+    const BlockScale sc = scale_of(amax, levels);
+    scales[k] = sc.scale;
+    if (!std::isfinite(sc.scale)) {
+      topk_block_reference(dtype, x, sent ? sent + b : nullptr, m, topk, sc, b, payload, copy, bits);
+      continue;
+    }
+    if (sc.inv == 0.0f) continue;  // every value quantizes to 0: nothing sent, x stays
+    size_t count = m;
+    kept.resize(m);
+    if (m > topk) {
+      select_topk(x, m, topk, kept.data(), select, amax);
+      count = topk;
+    } else {
+      for (size_t i = 0; i < m; ++i) kept[i] = static_cast<uint32_t>(i);
+    }
+    for (size_t j = 0; j < count; ++j) {
+      const size_t p = kept[j];
+      const float deq = put_code(dtype, x[p], sc.inv, sc.scale, b + p, payload);
+      x[p] = x[p] - deq;
+      if (sent) sent[b + p] = deq;
+    }
   }
 }
 
@@ -417,30 +509,24 @@ void feedback_range(QuantizedTensor& q, std::span<const float> delta, std::span<
   const size_t block = q.block_size ? q.block_size : 1;
   const size_t segment = std::max<size_t>(1, 8192 / (2 * block)) * 2 * block;
   const size_t scratch_len = std::min(segment, end - begin);
-  scratch.resize(topk ? 2 * scratch_len : scratch_len);
-  thread_local std::vector<uint32_t> magnitudes;
+  scratch.resize(topk ? 0 : scratch_len);
   for (size_t s = begin; s < end; s += segment) {
     const size_t len = std::min(segment, end - s);
     const size_t first_block = q.block_size ? s / block : 0;
     const size_t blocks = num_blocks(q.dtype, q.block_size, static_cast<int64_t>(len));
     const size_t first_byte = payload_bytes(q.dtype, static_cast<int64_t>(s));
     const size_t bytes = payload_bytes(q.dtype, static_cast<int64_t>(len));
-    const std::span<float> x(scratch.data(), len);
     const std::span<float> scales(q.scales.data() + first_block, blocks);
     const std::span<uint8_t> payload(q.payload.data() + first_byte, bytes);
     const std::span<float> residual(residual_all.data() + s, len);
-    add(delta.data() + s, residual.data(), len, x.data());
-    std::span<const float> quantized = x;
     if (topk) {
-      const std::span<float> kept(scratch.data() + scratch_len, len);
-      std::copy(x.begin(), x.end(), kept.begin());
-      for (size_t b = 0; b < len; b += block) {
-        const size_t m = std::min(block, len - b);
-        if (m > topk) keep_largest(kept.data() + b, m, topk, magnitudes);
-      }
-      quantized = kept;
+      topk_segment(q.dtype, block, topk, delta.data() + s, residual.data(), sent.empty() ? nullptr : sent.data() + s,
+                   len, scales.data(), payload.data(), payload.size());
+      continue;
     }
-    quantize_into(quantized, q.dtype, q.block_size, scales, payload);
+    const std::span<float> x(scratch.data(), len);
+    add(delta.data() + s, residual.data(), len, x.data());
+    quantize_into(x, q.dtype, q.block_size, scales, payload);
     dequantize_into(q.dtype, q.block_size, scales, payload, residual);
     if (!sent.empty()) std::copy(residual.begin(), residual.end(), sent.begin() + static_cast<std::ptrdiff_t>(s));
     subtract_from(x.data(), len, residual.data());

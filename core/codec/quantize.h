@@ -59,8 +59,10 @@ void dequantize_into(DType dtype, uint32_t block_size, std::span<const float> sc
 // Top-k: with topk > 0 (INT8/INT4 only, below block_size) only the topk values of largest
 // magnitude in each block are quantized; the others are sent as 0 and stay whole in the residual
 // until they grow large enough to be sent (SparseLoCo, arXiv 2508.15706). The result is an
-// ordinary dense tensor whose zeros zstd removes, so readers need not know. Ties are broken by
-// position (the first ones are kept), so the result is deterministic. See check_topk.
+// ordinary dense tensor (the message codec sends it in the sparse form of core/codec/sparse.h).
+// Ties are broken by position (the first ones are kept), so the result is deterministic; the
+// selection is select_topk (core/codec/topk.h), and the bits are those of quantizing the block
+// with every value but the kept ones set to 0. See check_topk.
 QuantizedTensor quantize_with_feedback(uint32_t index, std::vector<int64_t> shape,
                                        std::span<const float> delta, std::span<float> residual,
                                        DType dtype, uint32_t block_size, std::vector<float>& scratch,

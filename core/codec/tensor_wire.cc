@@ -9,6 +9,7 @@
 
 #include "core/codec/compress.h"
 #include "core/codec/shuffle.h"
+#include "core/codec/sparse.h"
 #include "core/fragments/partition.h"
 
 namespace diloco::tensor_wire {
@@ -28,6 +29,8 @@ struct Scratch {
   std::vector<uint8_t> frame;   // decompressed message
   std::vector<uint8_t> bytes;   // byte-shuffle staging
   std::vector<float> scales;    // scales before they are copied into the builder
+  std::vector<std::vector<uint8_t>> gaps;    // sparse forms before they are copied into the builder
+  std::vector<std::vector<uint8_t>> values;
 };
 
 Scratch& scratch() {
@@ -117,16 +120,33 @@ void check_tensor(const wire::Tensor& t, size_t k, const std::vector<TensorSpec>
     reject(RejectReason::BadCodec, detail::concat(tensor_name(specs, k), ": ", scales,
                                                   " scales, expected ", want_scales));
   const size_t payload = t.payload() ? t.payload()->size() : 0;
-  const size_t want_payload = payload_bytes(codec.dtype, n);
-  if (payload != want_payload)
+  const size_t want_payload = codec.sparse ? 0 : payload_bytes(codec.dtype, n);
+  if (payload != want_payload || (codec.sparse && t.payload()))
     reject(RejectReason::BadCodec, detail::concat(tensor_name(specs, k), ": payload of ", payload,
-                                                  " bytes, expected ", want_payload));
+                                                  " bytes, expected ", want_payload,
+                                                  codec.sparse ? " (sparse: no payload)" : ""));
+  if (codec.sparse) {
+    if (!t.gaps() || !t.values())
+      reject(RejectReason::BadCodec, tensor_name(specs, k) + ": sparse without gaps or values");
+    try {
+      sparse_check(codec.dtype, codec.block_size, codec.topk, static_cast<size_t>(n), span_of(t.gaps()),
+                   span_of(t.values()));
+    } catch (const InvalidInput& e) {
+      reject(RejectReason::BadCodec, tensor_name(specs, k) + ": " + e.what());
+    }
+  } else if (t.gaps() || t.values()) {
+    reject(RejectReason::BadCodec, tensor_name(specs, k) + ": gaps or values without a sparse codec");
+  }
   check_scales(span_of(t.scales()), tensor_name(specs, k));
 }
 
 void decode_tensor(const wire::Tensor& t, const WireCodec& codec, DenseTensor& out) {
   auto payload = span_of(t.payload());
   const auto scales = span_of(t.scales());
+  if (codec.sparse) {
+    sparse_dequantize(codec.dtype, codec.block_size, scales, span_of(t.gaps()), span_of(t.values()), out.values);
+    return;
+  }
   auto* out_bytes = reinterpret_cast<uint8_t*>(out.values.data());
   if (shuffled(codec) && codec.dtype == DType::F32) {
     byte_unshuffle(payload, {out_bytes, payload.size()}, 4);
@@ -302,6 +322,7 @@ WireCodec codec_of(const CodecOptions& options) {
       c.block_size = options.block_size;
       check_topk(options.dtype, options.block_size, options.topk, "codec: topk");
       c.topk = options.topk;
+      c.sparse = options.topk > 0;
       break;
     default:
       throw InvalidInput(detail::concat("codec: unknown dtype ", static_cast<int>(options.dtype)));
@@ -311,7 +332,7 @@ WireCodec codec_of(const CodecOptions& options) {
 
 flatbuffers::Offset<wire::Codec> add_codec(flatbuffers::FlatBufferBuilder& fbb,
                                            const WireCodec& c) {
-  return wire::CreateCodec(fbb, static_cast<wire::DType>(c.dtype), c.block_size, c.byte_shuffle, c.topk);
+  return wire::CreateCodec(fbb, static_cast<wire::DType>(c.dtype), c.block_size, c.byte_shuffle, c.topk, c.sparse);
 }
 
 flatbuffers::Offset<TensorVector> add_dense(flatbuffers::FlatBufferBuilder& fbb,
@@ -371,6 +392,27 @@ flatbuffers::Offset<TensorVector> add_quantized(flatbuffers::FlatBufferBuilder& 
   }
   std::vector<flatbuffers::Offset<wire::Tensor>> offsets;
   offsets.reserve(tensors.size());
+  if (codec.sparse) {
+    auto& s = scratch();
+    if (s.gaps.size() < tensors.size()) {
+      s.gaps.resize(tensors.size());
+      s.values.resize(tensors.size());
+    }
+    for (size_t k = 0; k < tensors.size(); ++k)  // every tensor packed (and checked) before the builder is touched
+      sparse_pack(codec.dtype, codec.block_size, codec.topk, static_cast<size_t>(tensors[k].numel()),
+                  tensors[k].payload, s.gaps[k], s.values[k]);
+    for (size_t k = 0; k < tensors.size(); ++k) {
+      const auto& t = tensors[k];
+      if (s.gaps[k].size() + s.values[k].size() + (fbb.GetSize() + (64 << 10)) >= FLATBUFFERS_MAX_BUFFER_SIZE)
+        throw InvalidInput("message above the 2 GiB FlatBuffers limit");
+      const auto values = fbb.CreateVector(s.values[k]);
+      const auto gaps = fbb.CreateVector(s.gaps[k]);
+      const auto scales = t.scales.empty() ? 0 : fbb.CreateVector(t.scales);
+      const auto shape = fbb.CreateVector(t.shape);
+      offsets.push_back(wire::CreateTensor(fbb, t.index, shape, scales, 0, gaps, values));
+    }
+    return fbb.CreateVector(offsets);
+  }
   for (const auto& t : tensors) {
     if (t.payload.size() + (fbb.GetSize() + (64 << 10)) >= FLATBUFFERS_MAX_BUFFER_SIZE)
       throw InvalidInput("message above the 2 GiB FlatBuffers limit");
@@ -410,6 +452,9 @@ WireCodec check_codec(const wire::Codec* codec) {
   if (c.topk != 0 && c.topk >= c.block_size)  // also rejects topk with F32 and BF16 (block size 0)
     reject(RejectReason::BadCodec, detail::concat(dtype_name(c.dtype), ": topk ", c.topk, " with block size ",
                                                   c.block_size, " (it must be below the block size, or 0)"));
+  c.sparse = codec->sparse();
+  if (c.sparse && c.topk == 0)  // topk > 0 implies INT8 or INT4 (above)
+    reject(RejectReason::BadCodec, detail::concat(dtype_name(c.dtype), ": sparse tensors need topk > 0"));
   return c;
 }
 
@@ -460,8 +505,14 @@ void decode_quantized(const TensorVector* tensors, const std::vector<TensorSpec>
     q.dtype = codec.dtype;
     q.block_size = codec.block_size;
     const auto scales = span_of(t.scales());
-    const auto payload = span_of(t.payload());
     q.scales.assign(scales.begin(), scales.end());
+    if (codec.sparse) {
+      q.payload.resize(payload_bytes(codec.dtype, specs[k].numel()));
+      sparse_unpack(codec.dtype, static_cast<size_t>(specs[k].numel()), span_of(t.gaps()), span_of(t.values()),
+                    q.payload);
+      continue;
+    }
+    const auto payload = span_of(t.payload());
     q.payload.assign(payload.begin(), payload.end());
   }
 }

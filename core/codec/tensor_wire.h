@@ -25,6 +25,7 @@ struct WireCodec {
   uint32_t block_size = 0;  // INT8/INT4 only, 0 otherwise
   bool byte_shuffle = false;
   uint32_t topk = 0;        // INT8/INT4 only, below block_size; 0: every value may be sent
+  bool sparse = false;      // tensors in the sparse form (core/codec/sparse.h); topk > 0 only
 };
 
 inline constexpr uint32_t kMaxBlockSize = 1u << 20;
@@ -102,23 +103,29 @@ const std::vector<TensorSpec>& self_described_specs(const wire::ModelLayout* lay
                                                     std::shared_ptr<const FragmentLayout>& own);
 
 // ---- tensors --------------------------------------------------------------------------------
-// Validates options (InvalidInput: the caller's bug, not a hostile message).
+// Validates options (InvalidInput: the caller's bug, not a hostile message). sparse = topk > 0:
+// quantized tensors with a top-k bound travel in the sparse form.
 WireCodec codec_of(const CodecOptions& options);
 flatbuffers::Offset<wire::Codec> add_codec(flatbuffers::FlatBufferBuilder& fbb, const WireCodec& c);
-// Dense tensors are quantized straight into the builder (no intermediate payload copy).
+// Dense tensors are quantized straight into the builder (no intermediate payload copy), in the
+// dense form whatever codec.sparse says (no top-k selection is made here: the caller writes its
+// codec with sparse false).
 flatbuffers::Offset<TensorVector> add_dense(flatbuffers::FlatBufferBuilder& fbb,
                                             std::span<const DenseTensor> tensors,
                                             const WireCodec& codec);
-// Each tensor must match the codec's dtype and block size (InvalidInput otherwise).
+// Each tensor must match the codec's dtype and block size (InvalidInput otherwise). With
+// codec.sparse each block must hold at most codec.topk values that are not 0 (InvalidInput).
 flatbuffers::Offset<TensorVector> add_quantized(flatbuffers::FlatBufferBuilder& fbb,
                                                 std::span<const QuantizedTensor> tensors,
                                                 const WireCodec& codec);
 
-// MissingField when absent, BadCodec for an unknown dtype or a bad block size.
+// MissingField when absent, BadCodec for an unknown dtype, a bad block size, or sparse without
+// an INT8/INT4 top-k codec.
 WireCodec check_codec(const wire::Codec* codec);
 // Strict decoding against the layout: count (TensorCountMismatch), index and shape
 // (ShapeMismatch), scale count and payload size (BadCodec), finite scales and values
-// (NonFinite). Every tensor is checked before any is decoded. `out` is resized and its vectors
+// (NonFinite); a sparse form (BadCodec: a payload present, positions out of range, more than topk
+// in a block, sizes that do not agree, a value 0). Every tensor is checked before any is decoded. `out` is resized and its vectors
 // reused.
 void decode_tensors(const TensorVector* tensors, const std::vector<TensorSpec>& specs,
                     const WireCodec& codec, const char* field, std::vector<DenseTensor>& out);

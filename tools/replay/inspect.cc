@@ -208,7 +208,7 @@ nlohmann::json delta_json(const ReplayRun& run, const ConsumedMessage& m, int fi
               {"inner_steps", h.inner_steps}, {"tokens", h.tokens}, {"learner_step", h.learner_step},
               {"train_loss", h.train_loss}, {"send_time_us", h.send_time_us},
               {"codec", {{"dtype", dtype_name(d.dtype)}, {"block_size", d.block_size}, {"topk", d.topk},
-                         {"byte_shuffle", d.byte_shuffle}}},
+                         {"sparse", d.sparse}, {"byte_shuffle", d.byte_shuffle}}},
               {"l2_norm", l2_norm(d.tensors)}});
   auto fates = delta_fates(run, {m.partition}, [](const LogPosition&, const std::string&) {});
   auto fate = fates.find({m.topic, m.partition, m.offset});
