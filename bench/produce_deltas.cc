@@ -37,6 +37,7 @@
 #include <fstream>
 #include <iostream>
 #include <random>
+#include <set>
 #include <thread>
 
 #include <nlohmann/json.hpp>
@@ -59,20 +60,43 @@ using namespace diloco;
 
 namespace {
 
+// The fragments whose version 0 is committed: the genesis records in `merges`, read to its end.
+// Not the checkpoints in `state`: those hold the whole model, decoded at once.
+std::set<uint32_t> committed_genesis(const KafkaOptions& kafka, const RunTopics& topics, const DecodeLimits& limits,
+                                     int partitions) {
+  Consumer consumer(ConsumerOptions{.kafka = kafka});
+  std::vector<TopicPartitionOffset> from_start;
+  for (int32_t i = 0; i < partitions; ++i) from_start.push_back({topics.merges(), i, -2});
+  consumer.assign(from_start);
+  std::set<uint32_t> out;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (!consumer.at_end()) {
+    if (std::chrono::steady_clock::now() > deadline) throw Unavailable("cannot read " + topics.merges() + " to its end");
+    auto m = consumer.poll(200);
+    if (!m || m->tombstone) continue;
+    try {
+      const MergeRecord r = decode_merge_record(m->value, limits);
+      if (r.genesis) out.insert(r.fragment);
+    } catch (const Rejection&) {
+    }
+  }
+  return out;
+}
+
 // Proposes seeded values of every fragment without version 0, as a learner would, and waits until
 // a merger committed every fragment's version 0.
 void propose_genesis(const KafkaOptions& kafka, const RunConfig& config, const RunTopics& topics,
                      const std::shared_ptr<const FragmentLayout>& layout, const std::string& region, int partitions) {
   const DecodeLimits limits = run_decode_limits(config, *layout);
   const uint32_t P = layout->num_fragments();
-  StateScan scan = read_states(kafka, topics, limits, P);
+  const std::set<uint32_t> committed = committed_genesis(kafka, topics, limits, partitions);
   std::mt19937 rng(static_cast<uint32_t>(config.run.seed));
   std::normal_distribution<float> normal(0.0f, 0.02f);
   int failed = 0;
   Producer producer(ProducerOptions{.kafka = kafka}, [&](const DeliveryReport& r) { failed += r.ok ? 0 : 1; });
   const uint64_t seq = static_cast<uint64_t>(unix_us() / 1000);
   for (uint32_t p = 0; p < P; ++p) {
-    if (scan.latest.count(p)) continue;
+    if (committed.count(p)) continue;
     GenesisProposal proposal{.run_id = config.run.id, .fingerprint = layout->fingerprint, .learner_id = "fake-genesis",
                              .region = region, .fragment = p, .seq = seq, .send_time_us = unix_us(), .layout = layout};
     for (uint32_t t = 0; t < layout->fragments[p].size(); ++t) {
@@ -93,7 +117,7 @@ void propose_genesis(const KafkaOptions& kafka, const RunConfig& config, const R
     if (producer.flush(60000) != 0 || failed) throw Unavailable("the proposals of version 0 were not delivered");
   }
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::minutes(5);
-  while (read_states(kafka, topics, limits, P).latest.size() < P) {
+  while (committed_genesis(kafka, topics, limits, partitions).size() < P) {
     if (std::chrono::steady_clock::now() > deadline || stop_requested())
       throw Unavailable("version 0 was not committed within 5 minutes: is a merger of the run running?");
     std::this_thread::sleep_for(std::chrono::milliseconds(500));
