@@ -332,12 +332,10 @@ std::vector<LogPosition> LearnerRuntime::Impl::propose_genesis(const std::vector
     });
     metrics.add("genesis_proposals_total", 1);
     log({{"event", "genesis_proposal"}, {"fragment", p}, {"seq", seqs[p]}, {"wire_bytes", bytes.size()}});
-    // Delivered before the next fragment is read: librdkafka keeps a copy of every piece until
-    // then, so queueing every fragment would hold a second copy of the whole model.
-    if (producer.flush(o.kafka.connect_timeout_ms) != 0 || failed)
-      throw Unavailable(detail::concat("the proposal of version 0 did not reach ", topics.genesis(), ": ",
-                                       failed ? failure : "the broker did not acknowledge it in time"));
   }
+  if (producer.flush(o.kafka.connect_timeout_ms) != 0 || failed)
+    throw Unavailable(detail::concat("the proposal of version 0 did not reach ", topics.genesis(), ": ",
+                                     failed ? failure : "the broker did not acknowledge it in time"));
   return positions;
 }
 
