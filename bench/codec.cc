@@ -68,6 +68,12 @@ int main(int argc, char** argv) {
   unsigned seed = 42;
   std::vector<std::string> deltas_files;
   uint32_t topk = 96, topk_block = 1024;
+  const char* usage = "usage: bench-codec [--runs N] [--seed S] [--deltas FILE.safetensors]... [--topk K] [--block B]\n";
+  if (argc % 2 == 0) {  // every option takes a value: an odd one out is --help or a mistake
+    const bool help = !std::strcmp(argv[argc - 1], "--help") || !std::strcmp(argv[argc - 1], "-h");
+    std::fputs(usage, help ? stdout : stderr);
+    return help ? 0 : 2;
+  }
   for (int i = 1; i + 1 < argc; i += 2) {
     if (!std::strcmp(argv[i], "--runs")) runs = std::atoi(argv[i + 1]);
     else if (!std::strcmp(argv[i], "--seed")) seed = static_cast<unsigned>(std::atoi(argv[i + 1]));
@@ -75,7 +81,7 @@ int main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--topk")) topk = static_cast<uint32_t>(std::atoi(argv[i + 1]));
     else if (!std::strcmp(argv[i], "--block")) topk_block = static_cast<uint32_t>(std::atoi(argv[i + 1]));
     else {
-      std::fprintf(stderr, "unknown option %s\n", argv[i]);
+      std::fprintf(stderr, "unknown option %s\n%s", argv[i], usage);
       return 2;
     }
   }

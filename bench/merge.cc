@@ -89,13 +89,19 @@ int main(int argc, char** argv) {
   size_t params = size_t{1} << 25;
   int inputs = 4, runs = 5;
   std::string thread_list = "1 2";
+  const char* usage = "usage: bench-merge [--params N] [--inputs K] [--runs R] [--threads \"1 2\"]\n";
+  if (argc % 2 == 0) {  // every option takes a value: an odd one out is --help or a mistake
+    const bool help = !std::strcmp(argv[argc - 1], "--help") || !std::strcmp(argv[argc - 1], "-h");
+    std::fputs(usage, help ? stdout : stderr);
+    return help ? 0 : 2;
+  }
   for (int i = 1; i + 1 < argc; i += 2) {
     if (!std::strcmp(argv[i], "--params")) params = std::strtoull(argv[i + 1], nullptr, 10);
     else if (!std::strcmp(argv[i], "--inputs")) inputs = std::atoi(argv[i + 1]);
     else if (!std::strcmp(argv[i], "--runs")) runs = std::atoi(argv[i + 1]);
     else if (!std::strcmp(argv[i], "--threads")) thread_list = argv[i + 1];
     else {
-      std::fprintf(stderr, "usage: bench-merge [--params N] [--inputs K] [--runs R] [--threads \"1 2\"]\n");
+      std::fputs(usage, stderr);
       return 2;
     }
   }
