@@ -17,6 +17,7 @@
 #include "core/codec/learner_state.h"
 #include "core/codec/messages.h"
 #include "core/files/safetensors.h"
+#include "core/fragments/partition.h"
 #include "fuzz/fuzz.h"
 
 using namespace diloco;
@@ -148,6 +149,15 @@ void genesis_proposals() {
                       .tensors = tensors(p, 0.02f)};
     message("genesis_proposal", "fragment" + std::to_string(p), encode_genesis_proposal(g), true);
   }
+  // A layout at the edge of what a message may carry: one tensor of kMaxFragments rows over
+  // kMaxFragments fragments, a one-row block in each (rebuilding it once took fragments x pieces
+  // steps: a libFuzzer timeout).
+  auto widest = std::make_shared<const FragmentLayout>(
+      partition_tensors(std::vector<TensorSpec>{{"w", {int64_t{kMaxFragments}, 3}}}, kMaxFragments));
+  GenesisProposal g{.run_id = "run-1", .fingerprint = widest->fingerprint, .learner_id = "eu-0", .region = "eu",
+                    .fragment = 7, .seq = 1, .send_time_us = 1'700'000'000'000'000, .layout = widest,
+                    .tensors = {DenseTensor{0, {1, 3}, {0.5f, -0.25f, 0.0f}}}};
+  message("genesis_proposal", "max-fragments", encode_genesis_proposal(g), true);
 }
 
 void members() {

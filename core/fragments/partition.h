@@ -22,6 +22,8 @@ namespace diloco {
 // mean is laid out whole, and a tensor of any size spreads over as many fragments as it needs.
 // Inside a fragment the pieces keep the model's order (tensor, then row). A block of rows
 // r0..r1-1 of "t" is named "t[r0:r1]" and has shape [r1 - r0, t's other dimensions] (piece_spec).
+// Work: O(n log n + n log P) for n pieces (at most about 2P + the number of tensors), so a layout
+// a message carries (up to kMaxTensors tensors, kMaxFragments fragments) is rebuilt in moments.
 //
 // The fingerprint is XXH64 over a canonical text of every tensor's name and shape in model order
 // and the resulting layout (each piece by its name and shape); any change to one of them changes

@@ -126,6 +126,72 @@ TEST_CASE("LPT places largest first into the smallest fragment, ties by name and
   CHECK(names(1) == std::vector<std::string>{"e", "c", "b"});
 }
 
+TEST_CASE("LPT with many ties gives the layout of a scan for the first lightest fragment", "[fragments]") {
+  // The reference: whole tensors by size (ties by name), each into the first fragment with the
+  // fewest elements, found by scanning every fragment. Sizes from a handful of values make ties
+  // in both orders common; fragments fewer than tensors keep every tensor whole.
+  std::mt19937 rng(11);
+  for (int trial = 0; trial < 200; ++trial) {
+    std::vector<TensorSpec> tensors;
+    const int n = 2 + static_cast<int>(rng() % 60);
+    for (int i = 0; i < n; ++i)
+      tensors.push_back({diloco::detail::concat("t", rng() % 1000, "_", i), {1 + static_cast<int64_t>(rng() % 4)}});
+    const auto parts = 1 + static_cast<uint32_t>(rng() % static_cast<uint32_t>(n));
+    std::vector<size_t> order(tensors.size());
+    for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+    std::sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+      if (tensors[a].numel() != tensors[b].numel()) return tensors[a].numel() > tensors[b].numel();
+      return tensors[a].name < tensors[b].name;
+    });
+    std::vector<int64_t> load(parts, 0);
+    std::vector<std::vector<size_t>> expected(parts);
+    for (size_t i : order) {
+      size_t lightest = 0;
+      for (size_t p = 1; p < parts; ++p)
+        if (load[p] < load[lightest]) lightest = p;
+      load[lightest] += tensors[i].numel();
+      expected[lightest].push_back(i);
+    }
+    const auto layout = partition_tensors(tensors, parts);
+    bool any_cut = false;
+    for (const auto& fragment : layout.pieces)
+      for (const auto& piece : fragment) any_cut = any_cut || !piece.whole;
+    if (any_cut) continue;  // cutting made the largest fragment smaller: not the reference's case
+    for (uint32_t p = 0; p < parts; ++p) {
+      std::sort(expected[p].begin(), expected[p].end());
+      std::vector<std::string> want, got;
+      for (size_t i : expected[p]) want.push_back(tensors[i].name);
+      for (const auto& t : layout.fragments[p]) got.push_back(t.name);
+      INFO("trial " << trial << ", fragment " << p << " of " << parts);
+      REQUIRE(got == want);
+    }
+  }
+}
+
+TEST_CASE("a tensor of 65,536 rows over the most fragments: one row in each", "[fragments]") {
+  // A layout that a message may carry (kMaxFragments fragments, each a one-row block): partition
+  // must stay far from fragments x pieces work. Blocks of equal size go by name to fragments 0,
+  // 1, ... in turn: "w[0:1]", then "w[10000:10001]" (':' sorts after every digit).
+  const std::vector<TensorSpec> tensors{{"w", {int64_t{kMaxFragments}, 3}}};
+  const auto layout = partition_tensors(tensors, kMaxFragments);
+  REQUIRE(layout.num_fragments() == kMaxFragments);
+  std::vector<std::string> names;
+  std::vector<int> covered(kMaxFragments, 0);
+  for (uint32_t p = 0; p < kMaxFragments; ++p) {
+    REQUIRE(layout.pieces[p].size() == 1);
+    const TensorPiece& piece = layout.pieces[p][0];
+    REQUIRE(piece.rows == 1);
+    REQUIRE(piece.numel == 3);
+    REQUIRE(piece.offset == 3 * piece.row_begin);
+    ++covered.at(static_cast<size_t>(piece.row_begin));
+    names.push_back(layout.fragments[p][0].name);
+  }
+  CHECK(std::all_of(covered.begin(), covered.end(), [](int c) { return c == 1; }));
+  CHECK(std::is_sorted(names.begin(), names.end()));
+  CHECK(names[0] == "w[0:1]");
+  CHECK(names[1] == "w[10000:10001]");
+}
+
 TEST_CASE("layout and fingerprint are stable and sensitive", "[fragments]") {
   const auto tensors = gpt_like(2, 16);
   const auto a = partition_tensors(tensors, 4);
