@@ -370,7 +370,8 @@ bool LearnerRuntime::Impl::join_run() {
   const auto t0 = Clock::now();
   auto last_note = t0 - std::chrono::hours(1);
   for (;;) {
-    StateScan scan = read_states(o.kafka, topics, any, n);
+    // The parameters only: the merger's optimizer buffers and residual are never used here.
+    StateScan scan = read_states(o.kafka, topics, any, n, 60000, StateParts::ParamsOnly);
     // A merger's verdict on this learner's own proposals first: when another model's version 0
     // won the race, the rejection of ours says so, and how the models differ.
     if (!proposed.empty()) check_rejections(rejected_from, proposed);

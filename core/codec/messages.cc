@@ -305,7 +305,7 @@ std::vector<uint8_t> encode_fragment_state(const FragmentState& msg, int zstd_le
   return compress_finished(fbb, zstd_level);
 }
 
-FragmentState decode_fragment_state(std::span<const uint8_t> bytes, const DecodeLimits& limits) {
+FragmentState decode_fragment_state(std::span<const uint8_t> bytes, const DecodeLimits& limits, StateParts parts) {
   struct Release {
     ~Release() { release_large_scratch(); }
   } release;  // after the copy out, and on a rejection too
@@ -337,14 +337,15 @@ FragmentState decode_fragment_state(std::span<const uint8_t> bytes, const Decode
   if (m.recent())
     for (const auto* p : *m.recent()) out.recent.insert(read_position(p, "recent"));
   decode_tensors(m.params(), specs, kStateCodec, "params", out.params);
+  const bool all = parts == StateParts::All;
   // No momentum (an optimizer without one) is an empty list; otherwise it mirrors params.
-  if (m.momentum() && m.momentum()->size() != 0)
+  if (all && m.momentum() && m.momentum()->size() != 0)
     decode_tensors(m.momentum(), specs, kStateCodec, "momentum", out.momentum);
   // Absent in states of Nesterov and Sgd and in older checkpoints; otherwise it mirrors params.
-  if (m.outer_state() && m.outer_state()->size() != 0)
+  if (all && m.outer_state() && m.outer_state()->size() != 0)
     decode_tensors(m.outer_state(), specs, kStateCodec, "outer_state", out.outer_state);
   // Absent with an fp32 downlink and in older checkpoints; otherwise it mirrors params.
-  if (m.downlink_residual() && m.downlink_residual()->size() != 0)
+  if (all && m.downlink_residual() && m.downlink_residual()->size() != 0)
     decode_tensors(m.downlink_residual(), specs, kStateCodec, "downlink_residual", out.downlink_residual);
   if (m.optimizer().has_value()) {
     if (*m.optimizer() > static_cast<uint8_t>(OuterOptimizerKind::Cgad))

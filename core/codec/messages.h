@@ -277,9 +277,15 @@ struct FragmentState {
 };
 
 std::vector<uint8_t> encode_fragment_state(const FragmentState& msg, int zstd_level = 1);
+// What decode_fragment_state takes out of a checkpoint: everything (a merger recovering, replay),
+// or the parameters and the bookkeeping without the optimizer's buffers and the downlink's
+// residual (a learner joining the run, which never reads them: 4 to 12 bytes per parameter it
+// does not hold; those lists are left empty and their values unchecked).
+enum class StateParts { All, ParamsOnly };
 // Verifies the checksum of params. With limits.layout null, any fingerprint is accepted whose
 // layout the message carries (BadLayout otherwise), and the tensors are checked against it.
-FragmentState decode_fragment_state(std::span<const uint8_t> bytes, const DecodeLimits& limits);
+FragmentState decode_fragment_state(std::span<const uint8_t> bytes, const DecodeLimits& limits,
+                                    StateParts parts = StateParts::All);
 
 // ---- GenesisProposal --------------------------------------------------------------------------
 // A learner's initial values of one fragment, proposed as its version 0 (schemas/genesis.fbs).

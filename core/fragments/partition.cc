@@ -112,7 +112,10 @@ Packing pack(std::span<const TensorSpec> tensors, std::vector<TensorPiece> piece
 
 TensorSpec piece_spec(const TensorSpec& tensor, const TensorPiece& piece) {
   if (piece.whole) return tensor;
-  TensorSpec out{detail::concat(tensor.name, "[", piece.row_begin, ":", piece.row_begin + piece.rows, "]"), tensor.shape};
+  // Appends rather than a stream: a layout may have tens of thousands of pieces.
+  TensorSpec out{tensor.name + "[" + std::to_string(piece.row_begin) + ":" +
+                     std::to_string(piece.row_begin + piece.rows) + "]",
+                 tensor.shape};
   out.shape.at(0) = piece.rows;
   return out;
 }

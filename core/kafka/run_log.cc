@@ -12,11 +12,11 @@ namespace diloco {
 namespace {
 
 // Keeps the highest version of each fragment among the records read.
-void scan_record(StateScan& scan, const ConsumedMessage& m, const DecodeLimits& limits) {
+void scan_record(StateScan& scan, const ConsumedMessage& m, const DecodeLimits& limits, StateParts parts) {
   ++scan.records;
   if (m.tombstone) return;
   try {
-    FragmentState state = decode_fragment_state(m.value, limits);
+    FragmentState state = decode_fragment_state(m.value, limits, parts);
     auto it = scan.latest.find(state.fragment);
     if (it == scan.latest.end() || state.version >= it->second.version) {
       scan.positions[state.fragment] = LogPosition{m.topic, m.partition, m.offset};
@@ -30,7 +30,7 @@ void scan_record(StateScan& scan, const ConsumedMessage& m, const DecodeLimits& 
 }  // namespace
 
 StateScan read_states(const KafkaOptions& kafka, const RunTopics& topics, const DecodeLimits& limits,
-                      uint32_t fragments, int timeout_ms) {
+                      uint32_t fragments, int timeout_ms, StateParts parts) {
   StateScan scan;
   LogReader reader(kafka);
   // Fragment p's states are in partition p % partitions, and versions only go forward: the last
@@ -51,7 +51,7 @@ StateScan read_states(const KafkaOptions& kafka, const RunTopics& topics, const 
       const int64_t start = std::max(low, high - window);
       StateScan part;
       reader.read_to_end({{topics.state(), q, start}},
-                         [&](const ConsumedMessage& m) { scan_record(part, m, limits); }, timeout_ms, &limits);
+                         [&](const ConsumedMessage& m) { scan_record(part, m, limits, parts); }, timeout_ms, &limits);
       scan.records += part.records;
       scan.rejected += part.rejected;
       const bool all = std::all_of(expected.begin(), expected.end(), [&](uint32_t p) { return part.latest.count(p); });

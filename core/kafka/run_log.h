@@ -21,9 +21,10 @@ struct StateScan {
 // the end of each partition (widened until it holds every fragment of the partition), not the
 // run's history. Decoded with `limits`; with limits.layout null every state of the run is taken
 // whatever its fingerprint (each carries its layout), so that a learner can tell how its model
-// differs from the run's. Invalid records are counted and skipped, never thrown.
+// differs from the run's. Invalid records are counted and skipped, never thrown. `parts`: what
+// each state keeps (decode_fragment_state); a learner takes the parameters only.
 StateScan read_states(const KafkaOptions& kafka, const RunTopics& topics, const DecodeLimits& limits,
-                      uint32_t fragments, int timeout_ms = 60000);
+                      uint32_t fragments, int timeout_ms = 60000, StateParts parts = StateParts::All);
 
 class Consumer;
 

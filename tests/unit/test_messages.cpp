@@ -690,6 +690,40 @@ TEST_CASE("FragmentState round trip", "[codec][messages]") {
     CHECK(with_state.outer_state[0].shape == msg.outer_state[0].shape);
     CHECK(with_state.momentum[0].values == msg.momentum[0].values);
   }
+
+  SECTION("the parameters only, as a learner joining the run reads it") {
+    msg.outer_state = dense_fragment(layout, 1, 33);
+    msg.downlink_residual = dense_fragment(layout, 1, 34);
+    msg.recent = {{"diloco.run-1.deltas.eu", 0, 121}};
+    msg.merged_bases = {{"learner-a", 8}};
+    msg.optimizer = OuterOptimizerKind::Nesterov;
+    msg.optimizer_since = 2;
+    const auto bytes = encode_fragment_state(msg);
+    const auto whole = decode_fragment_state(bytes, limits_for(layout));
+    const auto params = decode_fragment_state(bytes, limits_for(layout), StateParts::ParamsOnly);
+    REQUIRE(whole.momentum.size() == 1);  // what the other decode leaves out is there
+    REQUIRE(whole.outer_state.size() == 1);
+    REQUIRE(whole.downlink_residual.size() == 1);
+    CHECK(params.momentum.empty());
+    CHECK(params.outer_state.empty());
+    CHECK(params.downlink_residual.empty());
+    REQUIRE(params.params.size() == 1);
+    CHECK(params.params[0].values == msg.params[0].values);
+    CHECK(params.params[0].shape == msg.params[0].shape);
+    CHECK(params.checksum == reference_checksum(msg.params));
+    CHECK(params.version == 9);
+    CHECK(params.consumed == msg.consumed);
+    CHECK(params.accounted == msg.accounted);
+    CHECK(params.merged_bases == msg.merged_bases);
+    CHECK(params.recent == msg.recent);
+    CHECK(params.last_merge == msg.last_merge);
+    CHECK(params.optimizer == OuterOptimizerKind::Nesterov);
+    CHECK(params.optimizer_since == 2);
+    // The parameters' checksum is still checked.
+    msg.checksum = reference_checksum(msg.params) ^ 1;
+    CHECK_THROWS_AS(decode_fragment_state(encode_fragment_state(msg), limits_for(layout), StateParts::ParamsOnly),
+                    Rejection);
+  }
 }
 
 namespace {
