@@ -1,11 +1,16 @@
 """Quality benchmark: the global model's held-out loss of Decoupled DiLoCo against one learner,
-one learner with M times the steps, synchronous DiLoCo and per-step synchronous averaging, on the
-same number of inner steps per learner, with fixed seeds.
+one learner with M times the steps, data parallel at equal tokens, synchronous DiLoCo and per-step
+synchronous averaging, on the same number of inner steps per learner, with fixed seeds.
+
+Data parallel is run as what it is exactly: one learner with batch M x b for S steps (the
+gradient of M learners' batches averaged every step, one optimizer state), its learning rate
+from a grid (x1, x1.4, x2, x2.8 of the config's); E_DP = (L_1 - L) / (L_1 - L_DP) is the share of its
+gain over one learner that a row recovers, L_DP the best point of the grid.
 
 Run by bench/quality (or diloco-bench-quality) with the project's Python (standard library and
 python3-matplotlib).
 
-    bench/quality --quick                       # M=2, one seed, eight rows, S=400 (7 minutes on a loaded 2-core machine)
+    bench/quality --quick                       # M=2, one seed, twelve rows, S=400
     bench/quality                               # M=2,4, seeds 1,2,3 for the headline rows
     bench/quality --rows "one learner,sync DiLoCo (fp32)" --m 2 --steps 100 --seeds 1
     bench/quality --decoupled-set diloco.cut_on_arrival=0.5 --set merger.grace_cap_steps=3
@@ -71,9 +76,23 @@ SPARSE = ["codec.block_size=1024", "codec.topk=96", "codec.downlink_block_size=1
 # overrides; decoupled (gets --decoupled-set); headline (run with every seed, else the first one);
 # only_m (run only at these M); quick (part of --quick); half_speed (one learner at half speed, with
 # the wall-clock budget of the homogeneous "Decoupled ... nesterov" run of the same seed).
+# Data parallel at equal tokens: one learner, batch M x b, S steps, the learning rate of the config
+# times each of DP_LR_GRID (dp_lr): a row each. x2.8 because x2 was the best of x1, x1.4, x2 (tiny,
+# M = 2, S = 400: 1.907, 1.845, 1.785): a baseline tuned at the edge of its grid is undertuned.
+DP_LR_GRID = (1.0, 1.4, 2.0, 2.8)
+
+
+def dp_name(mult):
+    return f"data parallel (batch M x b, lr x{mult:g})"
+
+
 ROWS = [
     dict(name="one learner", kind="standalone", steps_mult=1, overrides=[], headline=True, quick=True),
     dict(name="one learner x M steps", kind="standalone", steps_mult="M", overrides=[], headline=True, quick=True),
+] + [
+    dict(name=dp_name(mult), kind="standalone", steps_mult=1, overrides=[], dp_lr=mult, headline=True, quick=True)
+    for mult in DP_LR_GRID
+] + [
     dict(name="per-step sync avg (fp32)", kind="cluster",
          overrides=["diloco.H=1", "diloco.fragments=1", "merger.quorum={M}", "diloco.wait_steps=0",
                     "codec.dtype=fp32", "codec.downlink_dtype=fp32", "merger.optimizer=sgd", "merger.outer_lr=1", "merger.rule=avg",
@@ -107,6 +126,19 @@ ROWS = [
          overrides=DECOUPLED_BASE + DECOUPLED_POLICY + ["merger.optimizer=nesterov"]),
 ]
 HOMOGENEOUS = decoupled_name("nesterov")  # the wall-clock reference of the half-speed row
+
+# Tuning (--tune): every mode compared in the headline gets a grid of the same size over its outer
+# optimizer, run on tuning seeds that are then never reported; --tuned applies each mode's best
+# point to the report run. Data parallel's grid is its learning rate (the DP rows).
+OUTER_GRID = [[f"merger.outer_lr={lr:g}", f"merger.outer_momentum={mom:g}"]
+              for lr in (0.5, 0.7, 1.0) for mom in (0.8, 0.9)]
+TUNED_ROWS = {"sync DiLoCo (fp32)": OUTER_GRID, decoupled_name("nesterov"): OUTER_GRID}
+TUNE_SEEDS_HINT = "101,102,103"
+
+
+def grid_label(point):
+    """'outer_lr=0.7 outer_momentum=0.9' for a grid point's overrides."""
+    return " ".join(o.split(".", 1)[1] for o in point)
 SYNC_REFERENCE = "sync DiLoCo (fp32)"
 # Overrides of every cluster run: the learners skip their own held-out evals (the evaluator measures
 # the global model) and the evaluator measures often enough for a curve.
@@ -172,6 +204,11 @@ class Run:
             over += [f"train.eval_every={eval_every(self.steps)}"]
         over = [o for o in over if o.partition("=")[0] not in args.unset]
         self.overrides = over + args.set  # --set last: it wins
+        if row.get("dp_lr"):  # after --set, from the batch and lr it leaves
+            self.overrides += dp_overrides(args, m, row["dp_lr"])
+            self.batch_mult = m
+        else:
+            self.batch_mult = 1
         self.max_seconds = None  # half-speed row: set from the homogeneous run before it starts
 
     def result_path(self):
@@ -193,7 +230,7 @@ class Run:
 
     def estimate(self):
         if self.kind == "standalone":
-            return EST_STANDALONE_FIXED + self.steps * EST_STANDALONE_STEP
+            return EST_STANDALONE_FIXED + self.steps * EST_STANDALONE_STEP * self.batch_mult
         per_step = EST_CLUSTER_STEP.get(self.m, EST_CLUSTER_STEP[4] * self.m / 4)
         if "diloco.H=1" in self.overrides:
             per_step *= EST_PER_STEP_SYNC_FACTOR
@@ -212,6 +249,61 @@ class Run:
         return tuple(cmd[:i] + cmd[i + 2:])
 
 
+# The run config's defaults of the keys the data-parallel rows derive from (core/config/run_config.h).
+EVAL_BATCHES_DEFAULT = 8
+
+
+def train_settings(args):
+    """train.batch, train.lr, train.eval_batches and model.context of the runs: the config's, or the
+    last --set of them."""
+    import tomllib
+    with open(args.config, "rb") as f:
+        config = tomllib.load(f)
+    train = config.get("train", {})
+    batch, lr, eval_batches = train.get("batch"), train.get("lr"), train.get("eval_batches", EVAL_BATCHES_DEFAULT)
+    context = config.get("model", {}).get("context")
+    for o in args.set:
+        key, _, value = o.partition("=")
+        try:
+            if key == "train.batch":
+                batch = int(value)
+            elif key == "train.lr":
+                lr = float(value)
+            elif key == "train.eval_batches":
+                eval_batches = int(value)
+            elif key == "model.context":
+                context = int(value)
+        except ValueError as e:
+            raise SystemExit(f"bench/quality: --set {o}: {e}")
+    if not isinstance(batch, int) or batch < 1 or not isinstance(lr, (int, float)) or lr <= 0:
+        raise SystemExit(f"bench/quality: {args.config} has no usable train.batch and train.lr for the data-parallel "
+                         f"rows (batch {batch!r}, lr {lr!r})")
+    return dict(batch=batch, lr=float(lr), eval_batches=eval_batches,
+                context=context if isinstance(context, int) else None)
+
+
+def dp_overrides(args, m, lr_mult):
+    """The data-parallel row's overrides at M = m: batch m x b, lr x lr_mult, and eval_batches / m
+    held-out batches of that size, so that it evaluates the very sequences the others do (held-out
+    sequence i is the same whatever the batch: core/data/corpus.cc)."""
+    t = train_settings(args)
+    if t["eval_batches"] % m:
+        raise SystemExit(f"bench/quality: train.eval_batches = {t['eval_batches']} is not a multiple of M = {m}: the "
+                         f"data-parallel row (batch M x b) could not evaluate the same held-out sequences; "
+                         f"--set train.eval_batches=<a multiple of every M>")
+    return [f"train.batch={m * t['batch']}", f"train.lr={t['lr'] * lr_mult:.6g}",
+            f"train.eval_batches={t['eval_batches'] // m}"]
+
+
+def allreduce_bytes_per_token(parameters, m, batch, context):
+    """What data parallel would move per token trained (all learners together), each way: a ring
+    all-reduce of the fp32 gradient every step has each of m learners send (and receive)
+    2 (m - 1) / m x 4 x parameters bytes; a step trains m x batch x context tokens."""
+    if not parameters or m < 2 or not batch or not context:
+        return None
+    return m * 2 * (m - 1) / m * 4 * parameters / (m * batch * context)
+
+
 def eval_every(steps):
     """A divisor of steps near steps/10 (the eval at the last step is the final loss)."""
     best = steps
@@ -221,16 +313,46 @@ def eval_every(steps):
     return best
 
 
+def tuning_rows():
+    """The rows --tune runs: every point of each tuned mode's grid (named "<row> [<point>]"), and
+    the data-parallel rows."""
+    out = []
+    for row in ROWS:
+        if row.get("dp_lr"):
+            out.append(row)
+        for point in TUNED_ROWS.get(row["name"], []):
+            out.append(dict(row, name=f"{row['name']} [{grid_label(point)}]", overrides=row["overrides"] + point,
+                            tuned_from=row["name"], point=point, headline=True))
+    return out
+
+
+def with_tuned(row, m, tuned):
+    """A row of the report run after --tuned: a tuned mode with its best point's overrides; a
+    data-parallel row only if its learning rate won (None: not run)."""
+    best = tuned.get(str(m), {})
+    if row.get("dp_lr"):
+        won = best.get("data parallel")
+        return row if won is None or won["row"] == row["name"] else None
+    if row["name"] in best:
+        point = best[row["name"]]["point"]
+        return dict(row, overrides=row["overrides"] + point, tuned_point=grid_label(point))
+    return row
+
+
 def plan(args):
     runs = []
     filters = [f.strip().lower() for f in args.rows.split(",")] if args.rows else None
+    tuned = getattr(args, "tuned_points", None) or {}
     for m in args.m:
-        for row in ROWS:
+        for row in (tuning_rows() if getattr(args, "tune", False) else ROWS):
             if args.quick and not row.get("quick"):
                 continue
             if row.get("only_m") and m not in row["only_m"]:
                 continue
             if filters and not any(f in row["name"].lower() for f in filters):
+                continue
+            row = with_tuned(row, m, tuned)
+            if row is None:
                 continue
             seeds = args.seeds if row.get("headline") else args.seeds[:1]
             for seed in seeds:
@@ -371,7 +493,9 @@ def standalone_result(run):
     l = learner_summary(events)
     final = next((e for e in reversed(evals) if e.get("step") == run.steps), None)
     curve = [dict(step=e.get("step", 0), tokens=e.get("tokens", 0), loss=e.get("eval_loss")) for e in evals]
-    return dict(final_loss=final.get("eval_loss") if final else None, merges=None, inputs_per_merge_mean=None,
+    start = next((e for e in events if e.get("event") == "start"), {})
+    return dict(final_loss=final.get("eval_loss") if final else None, parameters=start.get("parameters"),
+                merges=None, inputs_per_merge_mean=None,
                 inputs_per_merge_hist={}, deltas_merged=None, deltas_dropped={}, deltas_held_at_stop=None,
                 bytes_sent=0, tokens=l["final_tokens"], bytes_per_token=0.0 if l["final_tokens"] else None,
                 bytes_received=0, downlink_bytes_per_token=0.0 if l["final_tokens"] else None,
@@ -589,6 +713,32 @@ def gap_to_sync_percent(lm, l_sync):
     return 100 * (lm - l_sync) / l_sync if None not in (lm, l_sync) and l_sync else None
 
 
+def per_token(ok, key, cluster):
+    """A bytes-per-token cell: measured (cluster rows), computed (data parallel's all-reduce, with a
+    star), or `-`."""
+    computed = bool(ok) and all(r.get("bytes_computed") for r in ok)
+    if not cluster and not computed:
+        return "-"
+    return fmt(mean([r.get(key) for r in ok]), 2) + ("*" if computed else "")
+
+
+def share_of_dp_gain(l1, l_dp, lm):
+    """E_DP = (L_1 - L_M) / (L_1 - L_DP): the share of data parallel's gain over one learner (at
+    equal tokens) that a row recovered (1: all of it). None when a loss is missing or the two
+    references are equal."""
+    return (l1 - lm) / (l1 - l_dp) if None not in (l1, l_dp, lm) and l1 != l_dp else None
+
+
+def best_dp(means, m):
+    """(name, mean loss) of the best data-parallel row of M = m, or (None, None)."""
+    points = [(loss, name) for (gm, name), loss in means.items()
+              if gm == m and name.startswith("data parallel") and loss is not None]
+    if not points:
+        return None, None
+    loss, name = min(points)
+    return name, loss
+
+
 def write_summary(args, results, info, plots, complete):
     groups = grouped(results)
     lines = ["# Quality benchmark (`bench/quality`)", ""]
@@ -643,8 +793,8 @@ def write_summary(args, results, info, plots, complete):
             (si(mean([r.get("bytes_received") for r in ok])) + "B")
             if cluster and ok and mean([r.get("bytes_received") for r in ok]) is not None else "-",
             si(mean([r.get("tokens") for r in ok])),
-            fmt(mean([r.get("bytes_per_token") for r in ok]), 2) if cluster else "-",
-            fmt(mean([r.get("downlink_bytes_per_token") for r in ok]), 2) if cluster else "-",
+            per_token(ok, "bytes_per_token", cluster),
+            per_token(ok, "downlink_bytes_per_token", cluster),
             fmt(mean([r.get("utilisation") for r in ok]), 3),
         ]) + " |")
     lines += ["", "(Means over the seeds that finished; wall s = the whole run, start-up and shutdown included; "
@@ -653,24 +803,46 @@ def write_summary(args, results, info, plots, complete):
               "what they received from the mergers over ZeroMQ (new versions and answers to requests, as payload "
               "bytes without ZMTP and TCP/IP headers; the evaluator's copy is not counted). `-` where the binaries "
               "do not report it. Utilisation = compute / (compute + wait) "
-              "summed over the learners, from their `stop` events; `-` where the binaries do not report it.)", ""]
-    lines += ["## Parallel efficiency and gap to synchronous DiLoCo", "",
+              "summed over the learners, from their `stop` events; `-` where the binaries do not report it. "
+              "`*`: data parallel's bytes are computed, not measured: a ring all-reduce of the fp32 gradient every "
+              "step, 2 (M - 1) / M x 4 bytes per parameter each way per learner.)", ""]
+    lines += ["## Parallel efficiency, share of data parallel's gain, gap to synchronous DiLoCo", "",
               "Efficiency = (L_1 - L_M) / (L_1 - L_1xM), L_1 = one learner, L_1xM = one learner x M steps, L_M = the "
               "row's final global held-out loss (means over seeds): 1 = as good as one learner with M times the "
-              "steps, 0 = no better than one learner. Gap = (L_M - L_sync) / L_sync in percent, L_sync = "
+              "steps, 0 = no better than one learner. E_DP = (L_1 - L_M) / (L_1 - L_DP), L_DP = the best "
+              "data-parallel row of the same M (one learner at batch M x b: equal tokens), chosen on these same "
+              "seeds (which favours data parallel). Gap = (L_M - L_sync) / L_sync in percent, L_sync = "
               f"`{SYNC_REFERENCE}` of the same M (negative = better).", "",
-              "| M | row | L_M | efficiency | gap to sync DiLoCo (fp32) |", "|---:|---|---:|---:|---:|"]
+              "| M | row | L_M | efficiency | E_DP | gap to sync DiLoCo (fp32) |", "|---:|---|---:|---:|---:|---:|"]
     for m in sorted({k[0] for k in means}):
         l1, l1m, ls = means.get((m, "one learner")), means.get((m, "one learner x M steps")), means.get((m, SYNC_REFERENCE))
-        lines.append(f"| {m} | (L_1 = {fmt(l1)}, L_1xM = {fmt(l1m)}) | | | |")
+        dp_row, l_dp = best_dp(means, m)
+        lines.append(f"| {m} | (L_1 = {fmt(l1)}, L_1xM = {fmt(l1m)}, L_DP = {fmt(l_dp)}"
+                     + (f": {dp_row}" if dp_row else "") + ") | | | | |")
         for (gm, name), lm in sorted(means.items(), key=lambda kv: row_order(kv[0][1])):
-            if gm != m or groups[(gm, name)][0]["kind"] != "cluster":
+            if gm != m or not (groups[(gm, name)][0]["kind"] == "cluster" or name.startswith("data parallel")):
                 continue
             eff = parallel_efficiency(l1, l1m, lm)
+            e_dp = share_of_dp_gain(l1, l_dp, lm)
             gap = gap_to_sync_percent(lm, ls)
-            lines.append(f"| {m} | {name} | {fmt(lm)} | {fmt(eff, 2)} | "
+            lines.append(f"| {m} | {name} | {fmt(lm)} | {fmt(eff, 2)} | {fmt(e_dp, 2)} | "
                          f"{(f'{gap:+.2f} %') if gap is not None else '-'} |")
     lines += [""]
+    if getattr(args, "tune", False):
+        lines += ["## Tuning: the best point of each mode", "",
+                  f"Chosen by the mean final loss over seeds {','.join(map(str, args.seeds))} (points with a failed "
+                  "seed cannot win); `--tuned tuned.json` runs each mode with it. Every tuned mode had the same grid "
+                  f"of {len(OUTER_GRID)} points.", "", "| M | mode | best | mean loss |", "|---:|---|---|---:|"]
+        for m, modes in sorted(choose_tuned(results).items(), key=lambda kv: int(kv[0])):
+            for mode, b in sorted(modes.items()):
+                lines.append(f"| {m} | {mode} | {b.get('label') or b.get('row')} | {fmt(b['loss'])} |")
+        lines += [""]
+    tuned = getattr(args, "tuned_points", None)
+    if tuned:
+        lines += [f"Tuned on other seeds (`--tuned {args.tuned}`): "
+                  + "; ".join(f"M={m} {mode}: {b.get('label') or b.get('row')}"
+                              for m, modes in sorted(tuned.items(), key=lambda kv: int(kv[0]))
+                              for mode, b in sorted(modes.items())) + ".", ""]
     if plots:
         lines += ["Plots: " + ", ".join(f"`{os.path.basename(p)}`" for p in plots) + " (global held-out loss against "
                   "inner steps per learner and against tokens trained by all learners; mean over seeds; the "
@@ -696,9 +868,40 @@ def write_summary(args, results, info, plots, complete):
         f.write("\n".join(lines) + "\n")
 
 
+def choose_tuned(results):
+    """The best grid point of each tuned mode and the best data-parallel row at each M, by the mean
+    final loss over the seeds where every seed finished: {"M": {row: {"point", "label", "loss"},
+    "data parallel": {"row", "loss"}}}."""
+    losses = {}
+    for r in results:
+        key = (r["M"], r["row"])
+        losses.setdefault(key, []).append(r.get("final_loss") if r.get("ok") else None)
+    best = {}
+    for (m, name), ls in losses.items():
+        if None in ls:
+            continue  # a point with a failed seed cannot win
+        loss = sum(ls) / len(ls)
+        base = next((t for t in TUNED_ROWS if name.startswith(t + " [")), None)
+        key = base or ("data parallel" if name.startswith("data parallel") else None)
+        if key is None:
+            continue
+        entry = best.setdefault(str(m), {}).get(key)
+        if entry is None or loss < entry["loss"]:
+            if base:
+                point = next(p for p in TUNED_ROWS[base] if name == f"{base} [{grid_label(p)}]")
+                best[str(m)][key] = dict(point=point, label=grid_label(point), loss=loss, seeds=len(ls))
+            else:
+                best[str(m)][key] = dict(row=name, loss=loss, seeds=len(ls))
+    return best
+
+
 def write_outputs(args, results, info, complete):
     with open(os.path.join(args.out, "results.json"), "w") as f:
         json.dump(dict(info=info, complete=complete, runs=results), f, indent=1)
+    if getattr(args, "tune", False):
+        with open(os.path.join(args.out, "tuned.json"), "w") as f:
+            json.dump(dict(seeds=args.seeds, steps=args.steps, config=os.path.relpath(args.config, repository.root()),
+                           complete=complete, best=choose_tuned(results)), f, indent=1)
     plots = write_plots(results, args.out)
     write_summary(args, results, info, plots, complete)
     return plots
@@ -710,10 +913,11 @@ def parse_args(argv):
     p = argparse.ArgumentParser(
         prog="bench/quality",
         description="Global held-out loss of Decoupled DiLoCo rows against one learner, one learner with M times the "
-                    "steps, synchronous DiLoCo and per-step averaging (same inner steps per learner), with fixed "
+                    "steps, data parallel at equal tokens (one learner at batch M x b, lr grid x1, x1.4, x2, x2.8), "
+                    "synchronous DiLoCo and per-step averaging (same inner steps per learner), with fixed "
                     "seeds, on the local broker. Writes results.json, summary.md and plots into --out.")
     p.add_argument("--quick", action="store_true",
-                   help=f"configs/tiny.toml, M=2, one seed, eight rows, S={QUICK_STEPS} (7 minutes on a loaded 2-core machine)")
+                   help=f"configs/tiny.toml, M=2, one seed, twelve rows, S={QUICK_STEPS}")
     p.add_argument("--config", default="configs/tiny.toml", help="run config (default: configs/tiny.toml)")
     p.add_argument("--steps", type=int, help=f"S, inner steps per learner (default {DEFAULT_STEPS}; --quick {QUICK_STEPS})")
     p.add_argument("--seeds", default="1,2,3", help="seeds of the headline rows, comma-separated (the other rows "
@@ -728,6 +932,13 @@ def parse_args(argv):
                    help="drop the overrides of this key from every row (repeatable), e.g. diloco.wait_steps for "
                         "binaries that do not know it yet")
     p.add_argument("--out", help="results folder (default bench/results/quality-<date>-<time>)")
+    p.add_argument("--tune", action="store_true",
+                   help="run the tuning grids instead of the rows: each tuned mode (sync DiLoCo (fp32), Decoupled "
+                        "nesterov) over the same grid of outer lr x momentum, and data parallel's learning rates, on "
+                        f"--seeds (use seeds you will not report, e.g. {TUNE_SEEDS_HINT}); writes tuned.json")
+    p.add_argument("--tuned", metavar="TUNED_JSON",
+                   help="tuned.json of a --tune run: each tuned mode runs with its best point, data parallel with its "
+                        "best learning rate only (same config and steps; report on other seeds)")
     p.add_argument("--resume", action="store_true", help="skip the runs whose folder already has a result.json")
     p.add_argument("--dry-run", action="store_true", help="print the runs and their commands, run nothing")
     p.add_argument("--bin-dir",
@@ -748,6 +959,21 @@ def parse_args(argv):
         p.error("--seeds and --m take comma-separated integers")
     if not args.seeds or not args.m or min(args.m) < 1 or args.steps < 1:
         p.error("need at least one seed, M >= 1 and --steps >= 1")
+    args.tuned_points = None
+    if args.tune and args.tuned:
+        p.error("--tune runs the grids, --tuned uses their result: one or the other")
+    if args.tuned:
+        try:
+            with open(args.tuned) as f:
+                tuned = json.load(f)
+            args.tuned_points = tuned["best"]
+        except (OSError, ValueError, KeyError) as e:
+            p.error(f"--tuned {args.tuned}: not a tuned.json of bench/quality --tune ({e})")
+        overlap = sorted(set(tuned.get("seeds", [])) & set(args.seeds))
+        if overlap:
+            p.error(f"--tuned: seeds {','.join(map(str, overlap))} were used for tuning; report on other seeds")
+        if tuned.get("steps") != args.steps:
+            say(f"note: {args.tuned} was tuned at S = {tuned.get('steps')}, this run has S = {args.steps}")
     for o in args.set + args.decoupled_set:
         if "=" not in o or "." not in o.partition("=")[0]:
             p.error(f"override '{o}': expected section.key=value")
@@ -802,6 +1028,7 @@ def main(argv=None) -> int:
                 date=time.strftime("%a %b %d %H:%M:%S UTC %Y", time.gmtime()), machine=machine(),
                 loadavg=os.getloadavg(), config=config_name, steps=args.steps, m=args.m,
                 seeds=args.seeds, set=args.set, decoupled_set=args.decoupled_set, unset=args.unset, optimizers=list(OPTIMIZERS),
+                tune=args.tune, tuned=args.tuned, tuned_points=args.tuned_points,
                 bin_dir=args.bin_dir)
     if args.resume:  # keep the date of the first start
         try:
@@ -866,6 +1093,10 @@ def main(argv=None) -> int:
             res.update(cluster_result(r) if r.kind == "cluster" else standalone_result(r))
         except Exception as e:  # a broken run folder must not stop the benchmark
             res.update(final_loss=None, error=f"cannot read metrics: {e}")
+        if r.row.get("dp_lr"):  # what real data parallel would have moved: computed, not measured
+            t = train_settings(args)
+            per_token = allreduce_bytes_per_token(res.get("parameters"), r.m, t["batch"], t["context"])
+            res.update(bytes_per_token=per_token, downlink_bytes_per_token=per_token, bytes_computed=True)
         res["ok"] = ok and res.get("final_loss") is not None
         if not res["ok"]:
             res.setdefault("error", f"exit code not 0 or no final loss; end of {os.path.relpath(log_path, args.out)}:\n"

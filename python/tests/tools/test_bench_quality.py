@@ -35,6 +35,12 @@ def test_summary_tables(tmp_path):
     results = [
         result("one learner", 1, "standalone", 2.1), result("one learner", 2, "standalone", 2.3),
         result("one learner x M steps", 1, "standalone", 1.8),
+        result("data parallel (batch M x b, lr x1)", 1, "standalone", 1.85, bytes_per_token=48.0,
+               downlink_bytes_per_token=48.0, bytes_computed=True),
+        result("data parallel (batch M x b, lr x1)", 2, "standalone", 1.95, bytes_per_token=48.0,
+               downlink_bytes_per_token=48.0, bytes_computed=True),
+        result("data parallel (batch M x b, lr x1.4)", 1, "standalone", 1.75),
+        result("data parallel (batch M x b, lr x1.4)", 2, "standalone", 1.85),
         result("sync DiLoCo (fp32)", 1, "cluster", 1.9),
         result(DECOUPLED, 1, "cluster", 1.95, wall_seconds=90, merges=10, inputs_per_merge_mean=1.5,
                inputs_per_merge_hist={"1": 3, "2": 7}, deltas_merged=15, deltas_dropped={"superseded": 2},
@@ -58,11 +64,17 @@ def test_summary_tables(tmp_path):
     # token, utilisation 0.85.
     assert ("| 2 | Decoupled K=1+grace (int4, aligned) nesterov | 2 | **2.000** (1.950, 2.050) | 100 | 15 "
             "| 2.00 (1:4 2:16) | 30 | superseded 3 | 2.00 MB | 5.00 MB | 1.00 k | 2000.00 | 5000.00 | 0.850 |") in text
-    # L_1 = (2.1 + 2.3) / 2 = 2.2, L_1xM = 1.8: sync DiLoCo at 1.9 recovers 0.3 / 0.4 and is the
-    # reference; Decoupled at 2.0 recovers 0.2 / 0.4 and is (2.0 - 1.9) / 1.9 = 5.26 % above it.
-    assert "| 2 | (L_1 = 2.200, L_1xM = 1.800) | | | |" in text
-    assert "| 2 | sync DiLoCo (fp32) | 1.900 | 0.75 | +0.00 % |" in text
-    assert "| 2 | Decoupled K=1+grace (int4, aligned) nesterov | 2.000 | 0.50 | +5.26 % |" in text
+    # Data parallel's bytes are computed: shown with a star; the rows without them as `-`.
+    assert "| 2 | data parallel (batch M x b, lr x1) | 2 | **1.900** (1.850, 1.950) | - | - | - | - | - | - | - " \
+           "| - | 48.00* | 48.00* | - |" in text
+    # L_1 = (2.1 + 2.3) / 2 = 2.2, L_1xM = 1.8, L_DP = 1.8 (lr x1.4: (1.75 + 1.85) / 2, below x1's
+    # 1.9): sync DiLoCo at 1.9 recovers 0.3 / 0.4 of both gains and is the reference; Decoupled at
+    # 2.0 recovers 0.2 / 0.4 and is (2.0 - 1.9) / 1.9 = 5.26 % above it.
+    assert "| 2 | (L_1 = 2.200, L_1xM = 1.800, L_DP = 1.800: data parallel (batch M x b, lr x1.4)) | | | | |" in text
+    assert "| 2 | data parallel (batch M x b, lr x1) | 1.900 | 0.75 | 0.75 | +0.00 % |" in text
+    assert "| 2 | data parallel (batch M x b, lr x1.4) | 1.800 | 1.00 | 1.00 | -5.26 % |" in text
+    assert "| 2 | sync DiLoCo (fp32) | 1.900 | 0.75 | 0.75 | +0.00 % |" in text
+    assert "| 2 | Decoupled K=1+grace (int4, aligned) nesterov | 2.000 | 0.50 | 0.50 | +5.26 % |" in text
 
 
 def test_cluster_result_from_a_run_folder(tmp_path, at, write_jsonl):
@@ -161,3 +173,109 @@ def test_plan_runs_the_homogeneous_reference_before_the_half_speed_row(tmp_path)
     command = half_speed.command()
     assert command[1:3] == ["-m", "decoupled_diloco.tools.run_local"]
     assert command[command.index("--speed-factors") + 1] == "1,1,1,2"
+
+
+def test_share_of_data_parallels_gain():
+    # One learner 2.0, data parallel 1.6: a row at 1.7 recovers 0.3 of the 0.4.
+    assert quality.share_of_dp_gain(2.0, 1.6, 1.7) == pytest.approx(0.75)
+    assert quality.share_of_dp_gain(2.0, 1.6, 2.1) == pytest.approx(-0.25)
+    assert quality.share_of_dp_gain(2.0, 2.0, 1.7) is None
+    assert quality.share_of_dp_gain(2.0, None, 1.7) is None
+
+
+def test_allreduce_bytes_per_token():
+    # 120,000 parameters, M = 2, batch 16 per learner, context 64: each learner sends
+    # 2 x 1/2 x 4 x 120,000 = 480,000 bytes a step, both 960,000, for 2 x 16 x 64 = 2,048 tokens.
+    assert quality.allreduce_bytes_per_token(120_000, 2, 16, 64) == pytest.approx(468.75)
+    # M = 4: 2 x 3/4 x 4 x 120,000 = 720,000 each, 2,880,000 for 4,096 tokens.
+    assert quality.allreduce_bytes_per_token(120_000, 4, 16, 64) == pytest.approx(703.125)
+    assert quality.allreduce_bytes_per_token(None, 2, 16, 64) is None
+    assert quality.allreduce_bytes_per_token(120_000, 1, 16, 64) is None
+
+
+def test_plan_has_the_data_parallel_grid_at_m_times_the_batch(tmp_path):
+    args = types.SimpleNamespace(m=[2, 4], seeds=[1, 2], steps=100, rows="data parallel", quick=False,
+                                 out=str(tmp_path), set=["train.lr=0.01"], decoupled_set=[], unset=[],
+                                 config=os.path.abspath("configs/tiny.toml"), bin_dir="/bin")
+    runs = quality.plan(args)
+    # Four learning rates, a headline row each (both seeds), at M = 2 and 4.
+    assert len(runs) == 2 * 4 * 2
+    by = {(r.m, r.name, r.seed): r for r in runs}
+    # configs/tiny.toml has batch 16; --set train.lr=0.01 is the base of the grid, set after it.
+    x14 = by[(2, "data parallel (batch M x b, lr x1.4)", 1)]
+    assert x14.kind == "standalone" and x14.steps == 100
+    # Its 8 held-out batches of 16 become 4 of 32: the same 128 sequences.
+    assert x14.overrides[-4:] == ["train.lr=0.01", "train.batch=32", "train.lr=0.014", "train.eval_batches=4"]
+    x2 = by[(4, "data parallel (batch M x b, lr x2)", 2)]
+    assert x2.overrides[-3:] == ["train.batch=64", "train.lr=0.02", "train.eval_batches=2"]
+    assert "run.seed=2" in x2.overrides
+    # Four times the batch: four times one learner's estimate per step.
+    one = quality.Run(quality.ROWS[0], 4, 1, 100, args)
+    assert x2.estimate() - quality.EST_STANDALONE_FIXED == pytest.approx(4 * (one.estimate() - quality.EST_STANDALONE_FIXED))
+
+
+def test_data_parallel_needs_eval_batches_divisible_by_m(tmp_path):
+    args = types.SimpleNamespace(m=[4], seeds=[1], steps=100, rows="data parallel", quick=False, out=str(tmp_path),
+                                 set=["train.eval_batches=6"], decoupled_set=[], unset=[],
+                                 config=os.path.abspath("configs/tiny.toml"), bin_dir="/bin")
+    with pytest.raises(SystemExit, match="eval_batches = 6 is not a multiple of M = 4"):
+        quality.plan(args)
+
+
+SYNC = "sync DiLoCo (fp32)"
+
+
+def tune_args(tmp_path, **extra):
+    base = dict(m=[2], seeds=[101, 102], steps=100, rows=None, quick=False, out=str(tmp_path), set=[],
+                decoupled_set=["merger.grace_tau=3"], unset=[], config=os.path.abspath("configs/tiny.toml"),
+                bin_dir="/bin", tune=True, tuned_points=None)
+    base.update(extra)
+    return types.SimpleNamespace(**base)
+
+
+def test_tune_runs_the_same_grid_for_every_tuned_mode(tmp_path):
+    runs = quality.plan(tune_args(tmp_path))
+    names = sorted({r.name for r in runs})
+    # 3 learning rates x 2 momenta for each of the two modes, and data parallel's 4 learning rates.
+    assert len(names) == 6 + 6 + 4
+    assert len(runs) == 16 * 2  # every one on both tuning seeds
+    point = next(r for r in runs if r.name == f"{DECOUPLED} [outer_lr=0.7 outer_momentum=0.8]" and r.seed == 102)
+    assert "merger.outer_lr=0.7" in point.overrides and "merger.outer_momentum=0.8" in point.overrides
+    assert "merger.grace_tau=3" in point.overrides  # a Decoupled row keeps --decoupled-set
+    assert "merger.quorum=2" in next(r for r in runs if r.name.startswith(SYNC + " [")).overrides
+
+
+def test_choose_tuned_takes_the_lowest_mean_of_complete_points():
+    def res(row, seed, loss, ok=True):
+        return dict(row=row, M=2, seed=seed, ok=ok, final_loss=loss)
+    a, b = f"{SYNC} [outer_lr=0.5 outer_momentum=0.8]", f"{SYNC} [outer_lr=1 outer_momentum=0.9]"
+    c = f"{DECOUPLED} [outer_lr=0.7 outer_momentum=0.9]"
+    results = [res(a, 101, 2.0), res(a, 102, 2.2),        # mean 2.1
+               res(b, 101, 1.9), res(b, 102, 2.1),        # mean 2.0: the best of sync DiLoCo
+               res(c, 101, 1.5), res(c, 102, None, ok=False),  # a failed seed: cannot win
+               res(quality.dp_name(1.4), 101, 1.8), res(quality.dp_name(1.4), 102, 1.8),
+               res(quality.dp_name(2.0), 101, 1.7), res(quality.dp_name(2.0), 102, 1.75)]
+    best = quality.choose_tuned(results)["2"]
+    assert best[SYNC]["point"] == ["merger.outer_lr=1", "merger.outer_momentum=0.9"]
+    assert best[SYNC]["loss"] == pytest.approx(2.0)
+    assert DECOUPLED not in best
+    assert best["data parallel"]["row"] == quality.dp_name(2.0)
+
+
+def test_tuned_applies_each_modes_best_point(tmp_path):
+    tuned = {"2": {SYNC: {"point": ["merger.outer_lr=1", "merger.outer_momentum=0.8"]},
+                   "data parallel": {"row": quality.dp_name(2.0)}}}
+    runs = quality.plan(tune_args(tmp_path, tune=False, tuned_points=tuned, seeds=[1]))
+    sync = next(r for r in runs if r.name == SYNC)
+    assert sync.overrides[-4:-2] == ["merger.outer_lr=1", "merger.outer_momentum=0.8"]
+    # Decoupled was not tuned here: its row as it is.
+    assert not any(o.startswith("merger.outer_lr") for o in next(r for r in runs if r.name == DECOUPLED).overrides)
+    # Only data parallel's winning learning rate runs.
+    assert [r.name for r in runs if r.name.startswith("data parallel")] == [quality.dp_name(2.0)]
+
+
+def test_tuned_refuses_the_tuning_seeds(tmp_path):
+    path = tmp_path / "tuned.json"
+    path.write_text('{"seeds": [101, 102], "steps": 800, "best": {}}')
+    with pytest.raises(SystemExit):
+        quality.parse_args(["--tuned", str(path), "--seeds", "1,102", "--out", str(tmp_path / "out")])
