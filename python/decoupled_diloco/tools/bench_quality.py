@@ -4,13 +4,13 @@ synchronous averaging, on the same number of inner steps per learner, with fixed
 
 Data parallel is run as what it is exactly: one learner with batch M x b for S steps (the
 gradient of M learners' batches averaged every step, one optimizer state), its learning rate
-from a grid (x1, x1.4, x2, x2.8 of the config's); E_DP = (L_1 - L) / (L_1 - L_DP) is the share of its
+from a grid (x1, x1.4, x2, x2.8, x4 of the config's); E_DP = (L_1 - L) / (L_1 - L_DP) is the share of its
 gain over one learner that a row recovers, L_DP the best point of the grid.
 
 Run by bench/quality (or diloco-bench-quality) with the project's Python (standard library and
 python3-matplotlib).
 
-    bench/quality --quick                       # M=2, one seed, twelve rows, S=400
+    bench/quality --quick                       # M=2, one seed, thirteen rows, S=400
     bench/quality                               # M=2,4, seeds 1,2,3 for the headline rows
     bench/quality --rows "one learner,sync DiLoCo (fp32)" --m 2 --steps 100 --seeds 1
     bench/quality --decoupled-set diloco.cut_on_arrival=0.5 --set merger.grace_cap_steps=3
@@ -77,9 +77,10 @@ SPARSE = ["codec.block_size=1024", "codec.topk=96", "codec.downlink_block_size=1
 # only_m (run only at these M); quick (part of --quick); half_speed (one learner at half speed, with
 # the wall-clock budget of the homogeneous "Decoupled ... nesterov" run of the same seed).
 # Data parallel at equal tokens: one learner, batch M x b, S steps, the learning rate of the config
-# times each of DP_LR_GRID (dp_lr): a row each. x2.8 because x2 was the best of x1, x1.4, x2 (tiny,
-# M = 2, S = 400: 1.907, 1.845, 1.785): a baseline tuned at the edge of its grid is undertuned.
-DP_LR_GRID = (1.0, 1.4, 2.0, 2.8)
+# times each of DP_LR_GRID (dp_lr): a row each. The grid grew while its best point was at its edge
+# (a baseline tuned at the edge of its grid is undertuned): x2 beat x1 and x1.4 (tiny, M = 2,
+# S = 400), then x2.8 beat x2 (S = 800, seeds 101-103: 1.498 against 1.517).
+DP_LR_GRID = (1.0, 1.4, 2.0, 2.8, 4.0)
 
 
 def dp_name(mult):
@@ -130,8 +131,9 @@ HOMOGENEOUS = decoupled_name("nesterov")  # the wall-clock reference of the half
 # Tuning (--tune): every mode compared in the headline gets a grid of the same size over its outer
 # optimizer, run on tuning seeds that are then never reported; --tuned applies each mode's best
 # point to the report run. Data parallel's grid is its learning rate (the DP rows).
+# Widened the same way: Decoupled's best of lr 0.5-1.0 x momentum 0.8-0.9 was lr 1.0, momentum 0.8.
 OUTER_GRID = [[f"merger.outer_lr={lr:g}", f"merger.outer_momentum={mom:g}"]
-              for lr in (0.5, 0.7, 1.0) for mom in (0.8, 0.9)]
+              for lr in (0.5, 0.7, 1.0, 1.4) for mom in (0.7, 0.8, 0.9)]
 TUNED_ROWS = {"sync DiLoCo (fp32)": OUTER_GRID, decoupled_name("nesterov"): OUTER_GRID}
 TUNE_SEEDS_HINT = "101,102,103"
 
@@ -913,11 +915,11 @@ def parse_args(argv):
     p = argparse.ArgumentParser(
         prog="bench/quality",
         description="Global held-out loss of Decoupled DiLoCo rows against one learner, one learner with M times the "
-                    "steps, data parallel at equal tokens (one learner at batch M x b, lr grid x1, x1.4, x2, x2.8), "
+                    "steps, data parallel at equal tokens (one learner at batch M x b, lr grid x1, x1.4, x2, x2.8, x4), "
                     "synchronous DiLoCo and per-step averaging (same inner steps per learner), with fixed "
                     "seeds, on the local broker. Writes results.json, summary.md and plots into --out.")
     p.add_argument("--quick", action="store_true",
-                   help=f"configs/tiny.toml, M=2, one seed, twelve rows, S={QUICK_STEPS}")
+                   help=f"configs/tiny.toml, M=2, one seed, thirteen rows, S={QUICK_STEPS}")
     p.add_argument("--config", default="configs/tiny.toml", help="run config (default: configs/tiny.toml)")
     p.add_argument("--steps", type=int, help=f"S, inner steps per learner (default {DEFAULT_STEPS}; --quick {QUICK_STEPS})")
     p.add_argument("--seeds", default="1,2,3", help="seeds of the headline rows, comma-separated (the other rows "

@@ -198,8 +198,8 @@ def test_plan_has_the_data_parallel_grid_at_m_times_the_batch(tmp_path):
                                  out=str(tmp_path), set=["train.lr=0.01"], decoupled_set=[], unset=[],
                                  config=os.path.abspath("configs/tiny.toml"), bin_dir="/bin")
     runs = quality.plan(args)
-    # Four learning rates, a headline row each (both seeds), at M = 2 and 4.
-    assert len(runs) == 2 * 4 * 2
+    # Five learning rates, a headline row each (both seeds), at M = 2 and 4.
+    assert len(runs) == 2 * 5 * 2
     by = {(r.m, r.name, r.seed): r for r in runs}
     # configs/tiny.toml has batch 16; --set train.lr=0.01 is the base of the grid, set after it.
     x14 = by[(2, "data parallel (batch M x b, lr x1.4)", 1)]
@@ -236,9 +236,9 @@ def tune_args(tmp_path, **extra):
 def test_tune_runs_the_same_grid_for_every_tuned_mode(tmp_path):
     runs = quality.plan(tune_args(tmp_path))
     names = sorted({r.name for r in runs})
-    # 3 learning rates x 2 momenta for each of the two modes, and data parallel's 4 learning rates.
-    assert len(names) == 6 + 6 + 4
-    assert len(runs) == 16 * 2  # every one on both tuning seeds
+    # 4 learning rates x 3 momenta for each of the two modes, and data parallel's 5 learning rates.
+    assert len(names) == 12 + 12 + 5
+    assert len(runs) == 29 * 2  # every one on both tuning seeds
     point = next(r for r in runs if r.name == f"{DECOUPLED} [outer_lr=0.7 outer_momentum=0.8]" and r.seed == 102)
     assert "merger.outer_lr=0.7" in point.overrides and "merger.outer_momentum=0.8" in point.overrides
     assert "merger.grace_tau=3" in point.overrides  # a Decoupled row keeps --decoupled-set
