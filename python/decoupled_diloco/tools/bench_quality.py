@@ -976,6 +976,9 @@ def parse_args(argv):
             p.error(f"--tuned: seeds {','.join(map(str, overlap))} were used for tuning; report on other seeds")
         if tuned.get("steps") != args.steps:
             say(f"note: {args.tuned} was tuned at S = {tuned.get('steps')}, this run has S = {args.steps}")
+        for m in args.m:
+            if not args.tuned_points.get(str(m)):
+                say(f"note: {args.tuned} has no tuned point for M = {m}: its rows run untuned")
     for o in args.set + args.decoupled_set:
         if "=" not in o or "." not in o.partition("=")[0]:
             p.error(f"override '{o}': expected section.key=value")

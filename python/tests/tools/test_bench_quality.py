@@ -279,3 +279,13 @@ def test_tuned_refuses_the_tuning_seeds(tmp_path):
     path.write_text('{"seeds": [101, 102], "steps": 800, "best": {}}')
     with pytest.raises(SystemExit):
         quality.parse_args(["--tuned", str(path), "--seeds", "1,102", "--out", str(tmp_path / "out")])
+
+
+def test_tuned_says_which_m_it_has_no_point_for(tmp_path, capsys):
+    path = tmp_path / "tuned.json"
+    path.write_text('{"seeds": [101], "steps": 800, "best": {"2": {"sync DiLoCo (fp32)": '
+                    '{"point": ["merger.outer_lr=1"]}}}}')
+    args = quality.parse_args(["--tuned", str(path), "--m", "2,4", "--seeds", "1", "--out", str(tmp_path / "o")])
+    assert args.tuned_points["2"]["sync DiLoCo (fp32)"]["point"] == ["merger.outer_lr=1"]
+    out = capsys.readouterr().out
+    assert "no tuned point for M = 4" in out and "M = 2:" not in out
