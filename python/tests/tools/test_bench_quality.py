@@ -9,6 +9,8 @@ import pytest
 from decoupled_diloco.tools import bench_quality as quality
 
 DECOUPLED = "Decoupled K=1+grace (int4, aligned) nesterov"
+# The config by its full path: ctest runs these tests from its build folder.
+TINY = os.path.join(quality.repository.root(), "configs", "tiny.toml")
 
 
 def test_parallel_efficiency_is_the_share_of_the_gain_recovered():
@@ -51,7 +53,7 @@ def test_summary_tables(tmp_path):
                bytes_sent=3e6, bytes_received=6e6, tokens=1000, bytes_per_token=3000, downlink_bytes_per_token=6000,
                utilisation=0.8),
     ]
-    args = types.SimpleNamespace(out=str(tmp_path), bin_dir="/bin", config=os.path.abspath("configs/tiny.toml"),
+    args = types.SimpleNamespace(out=str(tmp_path), bin_dir="/bin", config=TINY,
                                  steps=400, seeds=[1, 2], set=[], decoupled_set=[], unset=[])
     info = dict(command="bench/quality", date="today", loadavg=(1.0, 1.0, 1.0),
                 machine=dict(uname="x", nproc="2", cpu="cpu", commit="abc", dirty=False))
@@ -196,7 +198,7 @@ def test_allreduce_bytes_per_token():
 def test_plan_has_the_data_parallel_grid_at_m_times_the_batch(tmp_path):
     args = types.SimpleNamespace(m=[2, 4], seeds=[1, 2], steps=100, rows="data parallel", quick=False,
                                  out=str(tmp_path), set=["train.lr=0.01"], decoupled_set=[], unset=[],
-                                 config=os.path.abspath("configs/tiny.toml"), bin_dir="/bin")
+                                 config=TINY, bin_dir="/bin")
     runs = quality.plan(args)
     # Five learning rates, a headline row each (both seeds), at M = 2 and 4.
     assert len(runs) == 2 * 5 * 2
@@ -217,7 +219,7 @@ def test_plan_has_the_data_parallel_grid_at_m_times_the_batch(tmp_path):
 def test_data_parallel_needs_eval_batches_divisible_by_m(tmp_path):
     args = types.SimpleNamespace(m=[4], seeds=[1], steps=100, rows="data parallel", quick=False, out=str(tmp_path),
                                  set=["train.eval_batches=6"], decoupled_set=[], unset=[],
-                                 config=os.path.abspath("configs/tiny.toml"), bin_dir="/bin")
+                                 config=TINY, bin_dir="/bin")
     with pytest.raises(SystemExit, match="eval_batches = 6 is not a multiple of M = 4"):
         quality.plan(args)
 
@@ -227,7 +229,7 @@ SYNC = "sync DiLoCo (fp32)"
 
 def tune_args(tmp_path, **extra):
     base = dict(m=[2], seeds=[101, 102], steps=100, rows=None, quick=False, out=str(tmp_path), set=[],
-                decoupled_set=["merger.grace_tau=3"], unset=[], config=os.path.abspath("configs/tiny.toml"),
+                decoupled_set=["merger.grace_tau=3"], unset=[], config=TINY,
                 bin_dir="/bin", tune=True, tuned_points=None)
     base.update(extra)
     return types.SimpleNamespace(**base)
