@@ -9,7 +9,8 @@ using namespace diloco::fuzz;
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   return message_target(
-      data, size, Layout::Optional, "FragmentState", decode_fragment_state,
+      data, size, Layout::Optional, "FragmentState",
+      +[](std::span<const uint8_t> bytes, const DecodeLimits& limits) { return decode_fragment_state(bytes, limits); },
       [](const FragmentState& s) { return encode_fragment_state(with_run_layout(s)); },
       [](const FragmentState& s, const DecodeLimits& limits) {
         expect_carried_layout(s, limits);
