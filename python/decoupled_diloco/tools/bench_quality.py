@@ -131,9 +131,10 @@ HOMOGENEOUS = decoupled_name("nesterov")  # the wall-clock reference of the half
 # Tuning (--tune): every mode compared in the headline gets a grid of the same size over its outer
 # optimizer, run on tuning seeds that are then never reported; --tuned applies each mode's best
 # point to the report run. Data parallel's grid is its learning rate (the DP rows).
-# Widened the same way: Decoupled's best of lr 0.5-1.0 x momentum 0.8-0.9 was lr 1.0, momentum 0.8.
+# Widened the same way: Decoupled's best of lr 0.5-1.0 x momentum 0.8-0.9 was lr 1.0, momentum 0.8;
+# then both modes' best of momentum 0.7-0.9 was 0.7.
 OUTER_GRID = [[f"merger.outer_lr={lr:g}", f"merger.outer_momentum={mom:g}"]
-              for lr in (0.5, 0.7, 1.0, 1.4) for mom in (0.7, 0.8, 0.9)]
+              for lr in (0.5, 0.7, 1.0, 1.4) for mom in (0.5, 0.6, 0.7, 0.8, 0.9)]
 TUNED_ROWS = {"sync DiLoCo (fp32)": OUTER_GRID, decoupled_name("nesterov"): OUTER_GRID}
 TUNE_SEEDS_HINT = "101,102,103"
 

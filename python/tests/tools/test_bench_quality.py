@@ -238,9 +238,9 @@ def tune_args(tmp_path, **extra):
 def test_tune_runs_the_same_grid_for_every_tuned_mode(tmp_path):
     runs = quality.plan(tune_args(tmp_path))
     names = sorted({r.name for r in runs})
-    # 4 learning rates x 3 momenta for each of the two modes, and data parallel's 5 learning rates.
-    assert len(names) == 12 + 12 + 5
-    assert len(runs) == 29 * 2  # every one on both tuning seeds
+    # 4 learning rates x 5 momenta for each of the two modes, and data parallel's 5 learning rates.
+    assert len(names) == 20 + 20 + 5
+    assert len(runs) == 45 * 2  # every one on both tuning seeds
     point = next(r for r in runs if r.name == f"{DECOUPLED} [outer_lr=0.7 outer_momentum=0.8]" and r.seed == 102)
     assert "merger.outer_lr=0.7" in point.overrides and "merger.outer_momentum=0.8" in point.overrides
     assert "merger.grace_tau=3" in point.overrides  # a Decoupled row keeps --decoupled-set
