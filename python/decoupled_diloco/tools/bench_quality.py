@@ -581,11 +581,25 @@ def tail(path, lines=6):
 
 
 def load_result(run):
+    """The run's result.json, else (--resume) its entry in the results folder's results.json: the
+    runs/ folders of a kept benchmark are pruned to save space, its results.json keeps them all."""
     try:
         with open(run.result_path()) as f:
             return json.load(f)
     except (OSError, ValueError):
-        return None
+        return getattr(run.args, "kept_results", {}).get(os.path.relpath(run.dir, run.args.out))
+
+
+def kept_results(out):
+    """results.json's runs in `out` by their run folder (relative to `out`); {} if none."""
+    try:
+        with open(os.path.join(out, "results.json")) as f:
+            runs = json.load(f).get("runs", [])
+    except (OSError, ValueError, AttributeError):
+        return {}
+    # A reused entry (a standalone run shared by several M) names the folder of the run it copies.
+    return {r["run_dir"]: r for r in runs
+            if isinstance(r, dict) and isinstance(r.get("run_dir"), str) and not r.get("reused")}
 
 
 # ---- outputs ------------------------------------------------------------------------------------
@@ -942,7 +956,8 @@ def parse_args(argv):
     p.add_argument("--tuned", metavar="TUNED_JSON",
                    help="tuned.json of a --tune run: each tuned mode runs with its best point, data parallel with its "
                         "best learning rate only (same config and steps; report on other seeds)")
-    p.add_argument("--resume", action="store_true", help="skip the runs whose folder already has a result.json")
+    p.add_argument("--resume", action="store_true", help="skip the runs whose folder already has a result.json, or that the "
+                   "results folder's results.json holds (its run folders may have been pruned)")
     p.add_argument("--dry-run", action="store_true", help="print the runs and their commands, run nothing")
     p.add_argument("--bin-dir",
                    help="diloco-learner, diloco-merger, diloco-sample (default build/bin or $DILOCO_BIN_DIR)")
@@ -1002,6 +1017,7 @@ def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
     config_name = os.path.relpath(args.config, repository.root())
+    args.kept_results = kept_results(args.out) if args.resume else {}
     runs = plan(args)
     if not runs:
         say("no run matches --rows / --m")

@@ -1,6 +1,7 @@
 """bench/quality's arithmetic: parallel efficiency and the gap to synchronous DiLoCo, the summary's
 tables, a cluster run's and a standalone run's result from hand-made run folders, the mean curve
 over seeds and the plan of runs. Expected values are worked out by hand in the comments."""
+import json
 import os
 import types
 
@@ -291,3 +292,33 @@ def test_tuned_says_which_m_it_has_no_point_for(tmp_path, capsys):
     assert args.tuned_points["2"]["sync DiLoCo (fp32)"]["point"] == ["merger.outer_lr=1"]
     out = capsys.readouterr().out
     assert "no tuned point for M = 4" in out and "M = 2:" not in out
+
+
+def test_resume_takes_results_json_where_the_run_folders_were_pruned(tmp_path):
+    args = tune_args(tmp_path)
+    runs = quality.plan(args)
+    kept, pruned, on_disk = runs[0], runs[1], runs[2]
+    # results.json holds `kept` and `pruned` (no folder of either exists) and a reused copy of
+    # `pruned` from another M, which must not shadow its own entry.
+    entries = [dict(run_dir=os.path.relpath(kept.dir, args.out), final_loss=1.5, ok=True),
+               dict(run_dir=os.path.relpath(pruned.dir, args.out), final_loss=1.6, ok=True),
+               dict(run_dir=os.path.relpath(pruned.dir, args.out), final_loss=1.6, ok=True, M=4, reused=True)]
+    with open(os.path.join(args.out, "results.json"), "w") as f:
+        json.dump(dict(info={}, runs=entries), f)
+    os.makedirs(on_disk.dir)
+    with open(on_disk.result_path(), "w") as f:
+        json.dump(dict(final_loss=1.7, ok=True), f)
+
+    args.kept_results = quality.kept_results(args.out)
+    assert quality.load_result(kept)["final_loss"] == 1.5
+    assert "reused" not in quality.load_result(pruned)
+    assert quality.load_result(on_disk)["final_loss"] == 1.7
+    assert quality.load_result(runs[3]) is None  # neither in results.json nor on disk
+    args.kept_results = {}  # without --resume only the run folders count
+    assert quality.load_result(kept) is None
+
+
+def test_kept_results_of_a_folder_without_results_json_is_empty(tmp_path):
+    assert quality.kept_results(str(tmp_path)) == {}
+    (tmp_path / "results.json").write_text("not json")
+    assert quality.kept_results(str(tmp_path)) == {}
