@@ -195,6 +195,9 @@ bool Consumer::at_end() const { return ended_.size() >= assigned_count_; }
 
 namespace {
 
+// Between two metadata requests for a topic not (yet) in the broker's metadata.
+constexpr std::chrono::milliseconds kTopicRetry{200};
+
 // A metadata request for one topic. Its answer also replaces librdkafka's cached leaders of the
 // topic, which is what the watermark retry below wants of it.
 RdKafka::ErrorCode topic_metadata(RdKafka::KafkaConsumer& consumer, const std::string& topic, int timeout_ms,
@@ -211,16 +214,24 @@ RdKafka::ErrorCode topic_metadata(RdKafka::KafkaConsumer& consumer, const std::s
 }  // namespace
 
 int Consumer::partition_count(const std::string& topic, int timeout_ms) {
-  std::unique_ptr<RdKafka::Metadata> metadata;
-  RdKafka::ErrorCode err = topic_metadata(*consumer_, topic, timeout_ms, metadata);
-  if (err) throw Unavailable("metadata for " + topic + ": " + RdKafka::err2str(err));
-  for (const auto* t : *metadata->topics()) {
-    if (t->topic() != topic) continue;
-    if (t->err() != RdKafka::ERR_NO_ERROR || t->partitions()->empty())
-      throw InvalidInput("topic " + topic + " does not exist (create the run's topics: scripts/broker topics --run ID)");
-    return static_cast<int>(t->partitions()->size());
+  // A topic being created (scripts/broker topics, a test's create_topics) is in the broker's
+  // metadata only once its controller has applied the creation: seconds on a loaded broker. A
+  // process started meanwhile asks again until timeout_ms has passed before calling it missing.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  for (;;) {
+    const int left = static_cast<int>(std::max<int64_t>(
+        1, std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now()).count()));
+    std::unique_ptr<RdKafka::Metadata> metadata;
+    RdKafka::ErrorCode err = topic_metadata(*consumer_, topic, left, metadata);
+    if (err) throw Unavailable("metadata for " + topic + ": " + RdKafka::err2str(err));
+    for (const auto* t : *metadata->topics())
+      if (t->topic() == topic && t->err() == RdKafka::ERR_NO_ERROR && !t->partitions()->empty())
+        return static_cast<int>(t->partitions()->size());
+    if (std::chrono::steady_clock::now() + kTopicRetry >= deadline)
+      throw InvalidInput(detail::concat("topic ", topic, " does not exist (not in the broker's metadata after ",
+                                        timeout_ms / 1000.0, " s; create the run's topics: scripts/broker topics --run ID)"));
+    std::this_thread::sleep_for(kTopicRetry);
   }
-  throw InvalidInput("topic " + topic + " does not exist");
 }
 
 std::vector<std::pair<std::string, int>> Consumer::list_topics(int timeout_ms) {

@@ -390,3 +390,29 @@ TEST_CASE("one LogReader serves reads to the end, ranges and positions through o
   CHECK(reader.offset_at_time(topic, 0, 0, 10000) == std::optional<int64_t>(0));
   CHECK_FALSE(reader.offset_at_time(topic, 0, *std::max_element(stamps.begin(), stamps.end()) + 1, 10000));
 }
+
+TEST_CASE("a topic that appears while a process looks for it is found; one that never does is reported missing",
+          "[kafka][metadata]") {
+  const KafkaOptions kafka = testing::require_broker();
+  const std::string late = testing::unique_run_id("late") + ".topic";
+  // Created 1.5 s after the lookup begins, as when a process starts while scripts/broker topics
+  // is still creating its run's topics (a loaded broker takes seconds to show a new topic).
+  std::thread creator([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+    create_topics(kafka, {TopicSpec{.name = late, .partitions = 3}}, 30000);
+  });
+  Consumer probe(ConsumerOptions{.kafka = kafka});
+  int count = 0;
+  CHECK_NOTHROW(count = probe.partition_count(late, 30000));
+  creator.join();
+  CHECK(count == 3);
+
+  const std::string never = testing::unique_run_id("never") + ".topic";
+  const auto t0 = std::chrono::steady_clock::now();
+  CHECK_THROWS_WITH(probe.partition_count(never, 1500),
+                    Catch::Contains("topic " + never + " does not exist") && Catch::Contains("scripts/broker topics"));
+  // It looked for the whole time it was given, no longer than a little past it.
+  const auto waited = std::chrono::steady_clock::now() - t0;
+  CHECK(waited >= std::chrono::milliseconds(1400));
+  CHECK(waited < std::chrono::seconds(10));
+}
