@@ -1,5 +1,6 @@
 #include "merger/outer_optimizer.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "core/errors.h"
@@ -54,6 +55,16 @@ void cgad_adam_step(const OuterHyper& h, uint64_t version, float* theta, float* 
 }
 
 }  // namespace
+
+float scheduled_momentum(const MomentumSchedule& s, uint64_t merges, uint64_t version) {
+  double mu = s.momentum;
+  if (s.decay_to > s.decay_from && version > s.decay_from) {
+    const double t = std::min(1.0, static_cast<double>(version - s.decay_from) / (s.decay_to - s.decay_from));
+    mu += (static_cast<double>(s.final_momentum) - mu) * t;
+  }
+  if (s.warmup > 0 && merges < s.warmup) mu *= static_cast<double>(merges) / s.warmup;
+  return static_cast<float>(mu);
+}
 
 void outer_step(OuterOptimizerKind kind, const OuterHyper& hyper, uint64_t version,
                 std::span<float> params, std::span<float> momentum, std::span<float> state,

@@ -51,6 +51,21 @@ void outer_step(OuterOptimizerKind kind, const OuterHyper& hyper, uint64_t versi
                 std::span<float> params, std::span<float> momentum, std::span<float> state,
                 std::span<const float> update, float scale = 1.0f);
 
+// The outer momentum of the merge that makes `version`, the `merges`-th merge (1 for the first) since
+// the run began using its optimizer: `momentum`, decayed linearly to `final_momentum` from version
+// decay_from to decay_to (then held; decay_to 0: no decay), and scaled by merges / warmup while
+// merges < warmup (0: no warm-up). Pier (arXiv 2511.17849) warms the outer momentum up and decays
+// it; the shapes and lengths here are ours, set per run (merger.momentum_*). The merger records
+// the momentum it used in the merge record, so replay and verify need no schedule.
+struct MomentumSchedule {
+  float momentum = 0.9f;
+  uint32_t warmup = 0;
+  uint32_t decay_from = 0;
+  uint32_t decay_to = 0;
+  float final_momentum = 0.5f;
+};
+float scheduled_momentum(const MomentumSchedule& schedule, uint64_t merges, uint64_t version);
+
 // Zero momentum shaped like `params`: the outer state of a fragment at genesis (also the
 // optimizer's second buffer when it keeps one).
 std::vector<DenseTensor> initial_momentum(std::span<const DenseTensor> params);

@@ -37,6 +37,13 @@ OuterHyper outer_hyper(const RunConfig& config) {
                     .adam_epsilon = static_cast<float>(m.adam_epsilon)};
 }
 
+MomentumSchedule momentum_schedule(const RunConfig& config) {
+  const auto& m = config.merger;
+  return {.momentum = static_cast<float>(m.outer_momentum), .warmup = m.momentum_warmup,
+          .decay_from = m.momentum_decay_from, .decay_to = m.momentum_decay_to,
+          .final_momentum = static_cast<float>(m.momentum_final)};
+}
+
 DownlinkCodec downlink_codec(const RunConfig& config) {
   const DType dtype = config.codec.downlink_dtype;
   const bool blocks = dtype == DType::INT8 || dtype == DType::INT4;

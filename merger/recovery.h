@@ -20,6 +20,7 @@
 #include "core/kafka/options.h"
 #include "core/kafka/topics.h"
 #include "merger/merge_step.h"
+#include "merger/outer_optimizer.h"
 
 namespace diloco {
 
@@ -27,6 +28,8 @@ namespace diloco {
 MergeRule merge_rule(const RunConfig& config);
 OuterOptimizerKind outer_optimizer(const RunConfig& config);
 OuterHyper outer_hyper(const RunConfig& config);
+// merger.outer_momentum with its schedule (merger.momentum_*).
+MomentumSchedule momentum_schedule(const RunConfig& config);
 // codec.downlink_dtype and codec.downlink_block_size (block size 0 unless int8 or int4).
 DownlinkCodec downlink_codec(const RunConfig& config);
 

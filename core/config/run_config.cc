@@ -227,6 +227,10 @@ void parse_merger(const Section& s, RunConfig& c) {
     else if (key == "max_norm_ratio") read(f, m.max_norm_ratio);
     else if (key == "outer_lr") read(f, m.outer_lr);
     else if (key == "outer_momentum") read(f, m.outer_momentum);
+    else if (key == "momentum_warmup") read(f, m.momentum_warmup);
+    else if (key == "momentum_decay_from") read(f, m.momentum_decay_from);
+    else if (key == "momentum_decay_to") read(f, m.momentum_decay_to);
+    else if (key == "momentum_final") read(f, m.momentum_final);
     else if (key == "share_scaling") read(f, m.share_scaling);
     else if (key == "rule") read(f, m.rule);
     else if (key == "optimizer") read(f, m.optimizer);
@@ -460,6 +464,13 @@ void validate_run_config(const RunConfig& c) {
   check(parse_outer_optimizer(m.optimizer).has_value(), c,
         "merger.optimizer must be one of " + outer_optimizer_names() + ", not \"" + m.optimizer + "\"");
   check(m.dn_period >= 1, c, "merger.dn_period must be at least 1");
+  check(m.momentum_final >= 0 && m.momentum_final < 1, c, "merger.momentum_final must be in [0, 1)");
+  check(m.momentum_decay_to == 0 || m.momentum_decay_to > m.momentum_decay_from, c,
+        detail::concat("merger.momentum_decay_to (", m.momentum_decay_to, ") must be 0 (no decay) or after "
+                       "merger.momentum_decay_from (", m.momentum_decay_from, ")"));
+  check((m.momentum_warmup == 0 && m.momentum_decay_to == 0) || m.optimizer == "nesterov" || m.optimizer == "dn", c,
+        "merger.momentum_warmup and momentum_decay_* schedule the momentum of optimizer \"nesterov\" or \"dn\", not \"" +
+            m.optimizer + "\" (sgd has none; cgad's beta1 has a bias correction that assumes it constant)");
   check(m.dn_activation >= 0 && m.dn_activation <= 1, c, "merger.dn_activation must be in [0, 1]");
   check(m.cgad_decay >= 0 && std::isfinite(m.cgad_decay), c, "merger.cgad_decay must not be negative");
   check(m.cgad_cutoff >= 1, c, "merger.cgad_cutoff must be at least 1");

@@ -115,6 +115,13 @@ struct MergerConfig {
   double max_norm_ratio = 100;
   double outer_lr = 0.7;
   double outer_momentum = 0.9;
+  // The outer momentum's schedule (merger/outer_optimizer.h, scheduled_momentum; nesterov and dn):
+  // warmed up linearly from 0 over the first momentum_warmup merges (0: none), and decayed
+  // linearly to momentum_final from version momentum_decay_from to momentum_decay_to (0: none).
+  uint32_t momentum_warmup = 0;
+  uint32_t momentum_decay_from = 0;
+  uint32_t momentum_decay_to = 0;
+  double momentum_final = 0.5;
   // Scale each merge's outer update by its share of a round (learners merged / learners live),
   // so that a round of single-learner merges (quorum 1) adds up to one outer step.
   bool share_scaling = true;

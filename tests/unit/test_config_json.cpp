@@ -71,6 +71,10 @@ max_staleness = 6
 max_norm_ratio = 50
 outer_lr = 0.35
 outer_momentum = 0.8
+momentum_warmup = 5
+momentum_decay_from = 20
+momentum_decay_to = 30
+momentum_final = 0.4
 share_scaling = false
 rule = "avg"
 optimizer = "dn"
@@ -119,7 +123,7 @@ TEST_CASE("run_config_json prints every field under its TOML name, and --set of 
       apply_override(rebuilt, section + "." + key + "=" + toml_literal(value));
       ++fields;
     }
-  CHECK(fields == 73);  // the keys the parser knows (core/config/run_config.cc)
+  CHECK(fields == 77);  // the keys the parser knows (core/config/run_config.cc)
   CHECK(run_config_json(rebuilt) == printed);
   CHECK(printed["train"]["batch"] == 5);
   CHECK(printed["codec"]["dtype"] == "int8");

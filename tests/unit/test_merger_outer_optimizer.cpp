@@ -233,3 +233,24 @@ TEST_CASE("outer optimizer names", "[merger]") {
   CHECK_FALSE(has_outer_state(OuterOptimizerKind::Nesterov));
   CHECK_FALSE(has_outer_state(OuterOptimizerKind::Sgd));
 }
+
+TEST_CASE("the momentum schedule: warm-up from 0, then a linear decay to the final momentum", "[merger]") {
+  const MomentumSchedule none{.momentum = 0.9f};
+  CHECK(scheduled_momentum(none, 1, 1) == 0.9f);
+  CHECK(scheduled_momentum(none, 1000, 1000) == 0.9f);
+
+  const MomentumSchedule s{.momentum = 0.8f, .warmup = 4, .decay_from = 10, .decay_to = 20, .final_momentum = 0.4f};
+  // Warm-up: merges 1, 2, 3 of 4 take 1/4, 2/4, 3/4 of 0.8; the 4th and later all of it.
+  CHECK(scheduled_momentum(s, 1, 1) == Approx(0.2));
+  CHECK(scheduled_momentum(s, 2, 2) == Approx(0.4));
+  CHECK(scheduled_momentum(s, 3, 3) == Approx(0.6));
+  CHECK(scheduled_momentum(s, 4, 4) == Approx(0.8));
+  CHECK(scheduled_momentum(s, 10, 10) == Approx(0.8));  // the decay starts after version 10
+  // Decay by version: 15 is halfway from 10 to 20, 0.8 + (0.4 - 0.8) / 2 = 0.6; at 20 and after, 0.4.
+  CHECK(scheduled_momentum(s, 15, 15) == Approx(0.6));
+  CHECK(scheduled_momentum(s, 20, 20) == Approx(0.4));
+  CHECK(scheduled_momentum(s, 500, 500) == Approx(0.4));
+  // A run that switched optimizer at version 14 warms up again (merge 2 since), from the decayed
+  // momentum of version 16: (0.8 - 0.4 * 6 / 10) * 2 / 4 = 0.28.
+  CHECK(scheduled_momentum(s, 2, 16) == Approx(0.28));
+}

@@ -343,3 +343,31 @@ eval_interval = 5
   RunConfig bad_region = parse_run_config("[cluster]\nregions = [\"e u\"]\n", "c.toml");
   CHECK_THROWS_WITH(validate_run_config(bad_region), Contains("cluster.regions: \"e u\""));
 }
+
+TEST_CASE("the outer momentum's schedule: keys, defaults and checks", "[config]") {
+  RunConfig c = parse_run_config("", "empty");
+  CHECK(c.merger.momentum_warmup == 0);
+  CHECK(c.merger.momentum_decay_to == 0);
+  apply_override(c, "merger.momentum_warmup=8");
+  apply_override(c, "merger.momentum_decay_from=20");
+  apply_override(c, "merger.momentum_decay_to=40");
+  apply_override(c, "merger.momentum_final=0.6");
+  CHECK(c.merger.momentum_warmup == 8);
+  CHECK(c.merger.momentum_decay_from == 20);
+  CHECK(c.merger.momentum_decay_to == 40);
+  CHECK(c.merger.momentum_final == Approx(0.6));
+  validate_run_config(c);
+  apply_override(c, "merger.optimizer=dn");
+  CHECK_NOTHROW(validate_run_config(c));
+  for (const char* other : {"sgd", "cgad"}) {
+    RunConfig e = c;
+    apply_override(e, std::string("merger.optimizer=") + other);
+    CHECK_THROWS_WITH(validate_run_config(e), Catch::Contains("schedule the momentum of optimizer \"nesterov\" or \"dn\""));
+  }
+  RunConfig d = c;
+  apply_override(d, "merger.momentum_decay_to=20");  // not after decay_from
+  CHECK_THROWS_WITH(validate_run_config(d), Catch::Contains("merger.momentum_decay_to (20) must be 0 (no decay) or after"));
+  RunConfig e = c;
+  apply_override(e, "merger.momentum_final=1");
+  CHECK_THROWS_WITH(validate_run_config(e), Catch::Contains("merger.momentum_final must be in [0, 1)"));
+}
