@@ -912,9 +912,17 @@ def choose_tuned(results):
     return best
 
 
-def write_outputs(args, results, info, complete):
+def write_results_json(args, results, info, complete):
+    """results.json. With --resume, the runs it held that this invocation has not reached yet stay
+    in it (their folders may be gone): an interrupted resume loses nothing."""
+    have = {r.get("run_dir") for r in results}
+    kept = [r for d, r in getattr(args, "kept_results", {}).items() if d not in have]
     with open(os.path.join(args.out, "results.json"), "w") as f:
-        json.dump(dict(info=info, complete=complete, runs=results), f, indent=1)
+        json.dump(dict(info=info, complete=complete, runs=results + kept), f, indent=1)
+
+
+def write_outputs(args, results, info, complete):
+    write_results_json(args, results, info, complete)
     if getattr(args, "tune", False):
         with open(os.path.join(args.out, "tuned.json"), "w") as f:
             json.dump(dict(seeds=args.seeds, steps=args.steps, config=os.path.relpath(args.config, repository.root()),
@@ -1019,6 +1027,8 @@ def main(argv=None) -> int:
     config_name = os.path.relpath(args.config, repository.root())
     args.kept_results = kept_results(args.out) if args.resume else {}
     runs = plan(args)
+    planned = {os.path.relpath(r.dir, args.out) for r in runs}  # a run no longer planned is not kept
+    args.kept_results = {d: r for d, r in args.kept_results.items() if d in planned}
     if not runs:
         say("no run matches --rows / --m")
         return 2
@@ -1028,10 +1038,11 @@ def main(argv=None) -> int:
             repeats.add(id(r))
         elif r.identity():
             seen.add(r.identity())
-    total_estimate = sum(r.estimate() for r in runs if id(r) not in repeats)
+    to_run = [r for r in runs if id(r) not in repeats and not (args.resume and load_result(r))]
+    total_estimate = sum(r.estimate() for r in to_run)
     say(f"bench/quality: {len(runs)} run{'s' if len(runs) != 1 else ''}, config {config_name}, S = {args.steps}, "
         f"M = {','.join(map(str, args.m))}, seeds {','.join(map(str, args.seeds))}; results in {args.out}")
-    say(f"estimated time: {duration(total_estimate)} (tiny runs measured on a loaded 2-core machine; a quiet one is faster)")
+    say(f"estimated time of the {len(to_run)} to run: {duration(total_estimate)} (tiny runs measured on a loaded 2-core machine; a quiet one is faster)")
     if args.dry_run:
         signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # `bench/quality --dry-run | head`
         for i, r in enumerate(runs, 1):
@@ -1133,10 +1144,9 @@ def main(argv=None) -> int:
             done_by_identity[r.identity()] = res
         if res["ok"]:
             ratio.setdefault(r.key(), []).append((wall or r.estimate()) / r.estimate())
-        remaining = runs[i:]
+        remaining = [r2 for r2 in runs[i:] if not (args.resume and load_result(r2)) and id(r2) not in repeats]
         factor_all = mean([x for v in ratio.values() for x in v]) or 1.0
-        eta = sum(r2.estimate() * (mean(ratio.get(r2.key(), [])) or factor_all) for r2 in remaining
-                  if not (args.resume and load_result(r2)) and id(r2) not in repeats)
+        eta = sum(r2.estimate() * (mean(ratio.get(r2.key(), [])) or factor_all) for r2 in remaining)
         extra = ""
         if r.kind == "cluster" and res["ok"]:
             extra = (f", {res.get('merges')} merges, {fmt(res.get('inputs_per_merge_mean'), 2)} inputs/merge, "

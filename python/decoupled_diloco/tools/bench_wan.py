@@ -7,6 +7,17 @@ Run by bench/wan (or diloco-bench-wan) with the project's Python (standard libra
 
     bench/wan --rates 2860kbit,715kbit --target 2.3          # the scaled rate and 4x lower (docs/wan.md)
     bench/wan --modes decoupled --rates 2860kbit --dry-run   # the commands, nothing run
+    bench/wan --speed-factors 1,2 --deep-target 0.8 --modes sync,decoupled,single --rates 2860kbit
+                                                             # one learner at half speed, time budget
+
+Learners of different speed (--speed-factors, learner i slowed by the i-th factor) are the case
+Decoupled DiLoCo exists for. With --deep-target F the target is not a fixed loss: synchronous
+DiLoCo runs first on its step budget (the slowest learner paces it), and the target is the best
+held-out loss it reached by F of its training time; every other mode then gets the wall clock that
+synchronous DiLoCo's learners took as its budget (its learners train until then, the step budget
+lifted, the same learning-rate schedule), since what a user pays for is time on every island, and
+a fast learner of synchronous DiLoCo spends that time waiting. The mode `single` is one learner
+alone (the first, at its speed) under the same budget.
 
 Each run is one scripts/wan-sim on configs/tiny.toml (2 learners in regions eu and us, one merger and
 the evaluator in the core namespace) with the overrides of bench/quality's row of that mode. Measured
@@ -41,36 +52,77 @@ from .run_local import read_jsonl
 
 MODES = {
     "decoupled": "Decoupled K=1+grace (int4, aligned) nesterov",
+    "single": "one learner (Decoupled's settings)",
     "sparse": bench_quality.SPARSE_ROW,  # the same with configs/demo.toml's sparse deltas and outer SGD
     "sync": "sync DiLoCo (int4)",
     "perstep": "per-step sync avg (fp32)",
 }
 LEARNERS = 2
+ROW_OF = {"single": "decoupled"}  # a mode that runs another mode's row with one learner
+# With --deep-target, a run under a time budget may take this many times its step budget's steps.
+UNBOUNDED_STEPS = 100
 
 
 def say(message):
     print(f"bench/wan: {message}", flush=True)
 
 
+def learners_of(mode):
+    return 1 if mode == "single" else LEARNERS
+
+
 def overrides_of(mode):
-    row = next(r for r in bench_quality.ROWS if r["name"] == MODES[mode])
-    return [o.replace("{M}", str(LEARNERS)) for o in row["overrides"]]
+    row = next(r for r in bench_quality.ROWS if r["name"] == MODES[ROW_OF.get(mode, mode)])
+    return [o.replace("{M}", str(learners_of(mode))) for o in row["overrides"]]
 
 
-def command(args, mode, rate, run_dir):
+def parse_mode_sets(items, modes):
+    """--mode-set MODE:K=V items as {mode: [K=V, ...]}; exits with a message on a malformed item."""
+    out = {}
+    for item in items:
+        mode, sep, kv = item.partition(":")
+        if not sep or "=" not in kv or mode not in MODES:
+            sys.exit(f"bench/wan: --mode-set {item!r}: expected MODE:KEY=VALUE with MODE one of {', '.join(MODES)}")
+        if mode not in modes:
+            say(f"note: --mode-set {item} is for mode {mode}, which --modes does not run")
+        out.setdefault(mode, []).append(kv)
+    return out
+
+
+def command(args, mode, rate, run_dir, time_budget=None):
+    """The scripts/wan-sim command of one run. time_budget (seconds): the learners train until then
+    (each learner's --max-seconds), the step budget lifted; else the step budget args.steps."""
+    n = learners_of(mode)
+    steps = args.steps * UNBOUNDED_STEPS if time_budget else args.steps
+    max_seconds = f"{time_budget:.1f}" if time_budget else str(args.max_seconds)
     cmd = [os.path.join(repository.root(), "scripts", "wan-sim"), args.config, "--rate", rate,
-           "--learners", str(LEARNERS),
-           "--regions", "eu,us", "--steps", str(args.steps), "--run-dir", run_dir, "--no-report",
-           "--max-seconds", str(args.max_seconds), "--tag", f"ddb{os.getpid() % 10000}"]
+           "--learners", str(n),
+           "--regions", "eu,us" if n > 1 else "eu", "--steps", str(steps), "--run-dir", run_dir, "--no-report",
+           "--max-seconds", max_seconds, "--tag", f"ddb{os.getpid() % 10000}"]
+    if args.speed_factors:
+        cmd += ["--speed-factors", ",".join(f"{f:g}" for f in args.speed_factors[:n])]
+    # train.total_steps stays the step budget: every mode has the same learning-rate schedule.
     for o in bench_quality.CLUSTER_COMMON[:1] + [f"cluster.eval_interval={args.eval_interval}",
                                                  f"train.total_steps={args.steps}", f"run.seed={args.seed}"] \
-            + overrides_of(mode) + args.set:
+            + overrides_of(mode) + args.set + args.mode_sets.get(mode, []):
         cmd += ["--set", o]
     return cmd
 
 
-def measure(run_dir, target):
-    learners = [f"learner-{i}" for i in range(LEARNERS)]
+def deep_target(result, fraction):
+    """(target, seconds): the best held-out loss a run reached by `fraction` of its training time
+    (from the moment training began to its last learner's stop), and that moment in seconds since
+    its first learner started; (None, None) if the run has no such evaluation."""
+    start, end = result.get("startup_seconds"), result.get("last_stop_seconds")
+    if start is None or end is None:
+        return None, None
+    at = start + fraction * (end - start)
+    losses = [loss for t, loss in result.get("curve", []) if t <= at]
+    return (min(losses), round(at, 2)) if losses else (None, None)
+
+
+def measure(run_dir, target, learners=LEARNERS):
+    learners = [f"learner-{i}" for i in range(learners)]
     events = {n: read_jsonl(os.path.join(run_dir, n, "metrics.jsonl")) for n in learners + ["eval"]}
     starts = [e["time_us"] for n in learners for e in events[n] if e.get("event") == "start"]
     if not starts:
@@ -90,6 +142,20 @@ def measure(run_dir, target):
            "final_loss": round(evals[-1][1], 4) if evals else None,
            "best_loss": round(min(l for _, l in evals), 4) if evals else None,
            "curve": [[round((t - t0) / 1e6, 2), round(l, 4)] for t, l in evals]}
+    if reached is not None:  # tokens trained by then: each learner's last logged step before it
+        out["tokens_to_target"] = sum(
+            max((e.get("tokens", 0) for e in events[n] if e.get("event") == "step" and e["time_us"] <= reached),
+                default=0) for n in learners)
+    stops = [e for n in learners for e in events[n] if e.get("event") == "stop"]
+    lifetimes = []
+    for n in learners:
+        start = next((e["time_us"] for e in events[n] if e.get("event") == "start"), None)
+        stop = next((e["time_us"] for e in reversed(events[n]) if e.get("event") == "stop"), None)
+        if start is not None and stop is not None:
+            lifetimes.append((stop - start) / 1e6)
+    out["last_stop_seconds"] = round((max(e["time_us"] for e in stops) - t0) / 1e6, 2) if stops else None
+    # The longest a learner ran, from its start to its stop: the time budget of --deep-target's runs.
+    out["learner_seconds_max"] = round(max(lifetimes), 2) if lifetimes else None
     sent = received = kafka_sent = kafka_received = tokens = compute = wait = wall = 0
     for n in learners:
         stop = [e for e in events[n] if e.get("event") == "stop"]
@@ -144,7 +210,8 @@ def write_plots(args, results, out_dir):
         for mode, r in runs:
             xs, ys = zip(*r["curve"])
             ax.plot(xs, ys, label=MODES[mode])
-        ax.axhline(args.target, color="grey", linestyle="--", linewidth=1, label=f"target {args.target}")
+        target = results.get(f"{rate}-deep-target", {}).get("target", args.target)
+        ax.axhline(target, color="grey", linestyle="--", linewidth=1, label=f"target {target}")
         ax.set_xscale("log")
         ax.set_ylim(top=min(4.8, max(y for _, r in runs for _, y in r["curve"]) + 0.1))
         ax.legend(fontsize=8)
@@ -155,16 +222,30 @@ def write_plots(args, results, out_dir):
 
 
 def write_summary(args, results, path, argv):
+    speeds = (f"learner speed factors {','.join(f'{f:g}' for f in args.speed_factors)} (2 = half speed)"
+              if args.speed_factors else "every learner at full speed")
+    if args.deep_target:
+        budget = (f"the target is the best held-out loss synchronous DiLoCo reached by {args.deep_target:g} of its "
+                  f"training time on its step budget of S = {args.steps} steps per learner; the other modes train "
+                  f"until the time sync DiLoCo's learners took (the same schedule of {args.steps} steps)")
+    else:
+        budget = f"S = {args.steps} steps per learner at most, target held-out loss {args.target}"
     lines = ["# WAN benchmark (`bench/wan`)", "",
              f"Command: `bench/wan {' '.join(argv)}`", "",
              f"Date: {time.strftime('%a %b %d %H:%M:%S %Z %Y')}; machine: `{' '.join(os.uname())}`, `nproc` = {os.cpu_count()}",
              "",
-             f"Config `{args.config}`, {LEARNERS} learners (regions eu, us: one each behind its link), S = {args.steps} "
-             f"steps per learner at most, seed {args.seed}, target held-out loss {args.target}, evaluator every "
-             f"{args.eval_interval} s, each run at most {args.max_seconds} s.", "",
-             "| rate | mode | s to target (training s) | vs Decoupled (training) | final loss | tokens | utilisation | "
-             "wait s | B/token up | B/token down | socket B/token | inputs/merge | staleness mean (max) |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             f"Config `{args.config}`, {LEARNERS} learners (regions eu, us: one each behind its link; mode `single`: "
+             f"one, in eu), {speeds}; seed {args.seed}; {budget}; evaluator every {args.eval_interval} s, each run at "
+             f"most {args.max_seconds} s.", ""]
+    for rate in args.rates:
+        deep = results.get(f"{rate}-deep-target")
+        if deep:
+            lines.append(f"- {rate}: target **{deep['target']}** (sync DiLoCo's best by {deep['at_seconds']} s), "
+                         f"time budget {deep['time_budget']} s per learner")
+    lines += ["", "| rate | mode | s to target (training s) | vs Decoupled (training) | tokens to target | final loss | "
+              "tokens | utilisation | wait s | B/token up | B/token down | socket B/token | inputs/merge | "
+              "staleness mean (max) |",
+              "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for rate in args.rates:
         base = results.get(f"{rate}-decoupled", {})
         for mode in args.modes:
@@ -172,15 +253,16 @@ def write_summary(args, results, path, argv):
             if not r:
                 continue
             t, tt = r.get("seconds_to_target"), r.get("training_seconds_to_target")
-            ratio = (f"{t / base['seconds_to_target']:.1f}x ({tt / base['training_seconds_to_target']:.1f}x)"
+            ratio = (f"{t / base['seconds_to_target']:.2f}x ({tt / base['training_seconds_to_target']:.2f}x)"
                      if t and tt and base.get("seconds_to_target") and base.get("training_seconds_to_target") else "-")
             lines.append(f"| {rate} | {MODES[mode]} | {f'{t} ({tt})' if t is not None else 'not reached'} | {ratio} | "
+                         f"{r.get('tokens_to_target', '-')} | "
                          f"{r.get('final_loss')} | {r.get('tokens')} | {r.get('utilisation')} | {r.get('wait_seconds')} | "
                          f"{r.get('bytes_per_token_up')} | {r.get('bytes_per_token_down')} | {r.get('socket_bytes_per_token')} | "
                          f"{r.get('inputs_per_merge')} | {r.get('staleness_mean')} ({r.get('staleness_max')}) |")
     lines += ["", "Modes and their overrides (bench/quality's rows):", ""]
     for mode in args.modes:
-        lines.append(f"- {MODES[mode]}: `{' '.join(overrides_of(mode))}`")
+        lines.append(f"- {MODES[mode]}: `{' '.join(overrides_of(mode) + args.mode_sets.get(mode, []))}`")
     plots = write_plots(args, results, os.path.dirname(path))
     if plots:
         lines += [""] + [f"![{p}]({p})" for p in plots]
@@ -204,6 +286,14 @@ def main(argv=None) -> int:
     p.add_argument("--eval-interval", type=float, default=1.0, help="seconds between the evaluator's evaluations")
     p.add_argument("--max-seconds", type=int, default=1200, help="time budget of each run (default 1200)")
     p.add_argument("--set", action="append", default=[], metavar="K=V", help="config override of every run")
+    p.add_argument("--mode-set", action="append", default=[], metavar="MODE:K=V",
+                   help="config override of one mode's runs (repeatable), e.g. decoupled:merger.outer_momentum=0.7 "
+                        "(each mode's tuned point from bench/quality --tune)")
+    p.add_argument("--speed-factors", help="per-learner slow-down factors, comma-separated (e.g. 1,2: the second "
+                                           "learner at half speed; default: all at full speed)")
+    p.add_argument("--deep-target", type=float, metavar="F",
+                   help="instead of --target: the best loss synchronous DiLoCo reaches by F (e.g. 0.8) of its "
+                        "training time; the other modes run on the time sync's learners took (needs mode sync)")
     p.add_argument("--out")
     p.add_argument("--resume", action="store_true", help="keep the runs that have a result")
     p.add_argument("--reanalyse", action="store_true", help="measure the runs of --out again (e.g. for another --target)")
@@ -216,39 +306,72 @@ def main(argv=None) -> int:
     for m in args.modes:
         if m not in MODES:
             sys.exit(f"bench/wan: unknown mode '{m}' (expected one of {', '.join(MODES)})")
+    args.mode_sets = parse_mode_sets(args.mode_set, args.modes)
+    try:
+        args.speed_factors = [float(f) for f in args.speed_factors.split(",")] if args.speed_factors else []
+    except ValueError:
+        sys.exit(f"bench/wan: --speed-factors {args.speed_factors!r}: expected numbers >= 1, comma-separated")
+    if any(f < 1 for f in args.speed_factors):
+        sys.exit(f"bench/wan: --speed-factors {args.speed_factors}: each factor must be >= 1 (2 = half speed)")
+    if args.deep_target is not None:
+        if not 0 < args.deep_target <= 1:
+            sys.exit(f"bench/wan: --deep-target {args.deep_target}: expected a fraction in (0, 1]")
+        if "sync" not in args.modes:
+            sys.exit("bench/wan: --deep-target takes its target from synchronous DiLoCo: add sync to --modes")
     os.makedirs(args.out, exist_ok=True)
     results_path = os.path.join(args.out, "results.json")
     results = json.load(open(results_path)) if (args.resume or args.reanalyse) and os.path.exists(results_path) else {}
-    for rate in args.rates:
-        for mode in args.modes:
-            key = f"{rate}-{mode}"
-            run_dir = os.path.join(args.out, "runs", key)
-            cmd = command(args, mode, rate, run_dir)
-            if args.dry_run:
-                print(" ".join(cmd))
-                continue
-            if args.reanalyse:  # measure again what ran, run nothing
-                if key in results:
-                    results[key] = {**measure(run_dir, args.target), "exit_code": results[key].get("exit_code")}
-                continue
-            if key in results and args.resume:
-                continue
-            if os.path.exists(run_dir):  # an earlier attempt of this run (stopped, or without a result)
-                shutil.rmtree(run_dir)
-            say(f"{key}: started")
-            with open(os.path.join(args.out, f"{key}.log"), "w") as log:
-                code = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=root).returncode
-            r = measure(run_dir, args.target)
-            r["exit_code"] = code
-            results[key] = r
-            with open(results_path, "w") as f:
-                json.dump(results, f, indent=2)
-            say(f"{key}: exit {code}, to target {r.get('seconds_to_target')} s, final loss {r.get('final_loss')}, "
-                f"utilisation {r.get('utilisation')}, bytes/token up {r.get('bytes_per_token_up')} down "
-                f"{r.get('bytes_per_token_down')}")
-    if args.reanalyse:
+
+    def save():
         with open(results_path, "w") as f:
             json.dump(results, f, indent=2)
+
+    for rate in args.rates:
+        target, budget = args.target, None
+        # With --deep-target, synchronous DiLoCo first: it sets the target and the others' time budget.
+        modes = sorted(args.modes, key=lambda m: m != "sync") if args.deep_target else args.modes
+        for mode in modes:
+            key = f"{rate}-{mode}"
+            run_dir = os.path.join(args.out, "runs", key)
+            if args.dry_run and args.deep_target and mode != "sync":
+                budget = float(args.max_seconds)  # a stand-in: the sync run's time is not known yet
+            cmd = command(args, mode, rate, run_dir, budget)
+            if args.dry_run:
+                if args.deep_target and mode != "sync":
+                    print("# with the time budget that the sync run takes (--max-seconds here is a stand-in):")
+                print(" ".join(cmd))
+                continue
+            n = learners_of(mode)
+            if args.reanalyse:  # measure again what ran, run nothing
+                if key in results:
+                    results[key] = {**measure(run_dir, target, n), "exit_code": results[key].get("exit_code"),
+                                    "time_budget": results[key].get("time_budget")}
+            elif not (key in results and args.resume):
+                if os.path.exists(run_dir):  # an earlier attempt of this run (stopped, or without a result)
+                    shutil.rmtree(run_dir)
+                say(f"{key}: started" + (f" (time budget {budget:.1f} s, target {target})" if budget else ""))
+                with open(os.path.join(args.out, f"{key}.log"), "w") as log:
+                    code = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=root).returncode
+                results[key] = {**measure(run_dir, target, n), "exit_code": code, "time_budget": budget}
+                r = results[key]
+                say(f"{key}: exit {code}, to target {r.get('seconds_to_target')} s, final loss {r.get('final_loss')}, "
+                    f"utilisation {r.get('utilisation')}, bytes/token up {r.get('bytes_per_token_up')} down "
+                    f"{r.get('bytes_per_token_down')}")
+            if args.deep_target and mode == "sync" and key in results:
+                deep, at = deep_target(results[key], args.deep_target)
+                budget = results[key].get("learner_seconds_max")
+                if deep is None or not budget:
+                    say(f"{key}: no evaluation by {args.deep_target:g} of its training time, or no learner stopped: "
+                        f"no deep target at {rate} (see {run_dir})")
+                    break
+                target = deep
+                results[f"{rate}-deep-target"] = dict(target=deep, at_seconds=at, fraction=args.deep_target,
+                                                       time_budget=budget)
+                results[key] = {**measure(run_dir, target, n), "exit_code": results[key].get("exit_code"),
+                                "time_budget": None}
+                say(f"{rate}: deep target {deep} (sync DiLoCo's best by {at} s), time budget of the others {budget} s")
+            if not args.dry_run:
+                save()
     if not args.dry_run:
         write_summary(args, results, os.path.join(args.out, "summary.md"), argv)
         say(f"summary: {os.path.join(args.out, 'summary.md')}")

@@ -322,3 +322,15 @@ def test_kept_results_of_a_folder_without_results_json_is_empty(tmp_path):
     assert quality.kept_results(str(tmp_path)) == {}
     (tmp_path / "results.json").write_text("not json")
     assert quality.kept_results(str(tmp_path)) == {}
+
+
+def test_an_interrupted_resume_keeps_the_results_it_has_not_reached(tmp_path):
+    args = tune_args(tmp_path, tune=False)
+    args.kept_results = {"runs/M2/a-s101": dict(run_dir="runs/M2/a-s101", final_loss=1.5, ok=True),
+                         "runs/M2/b-s101": dict(run_dir="runs/M2/b-s101", final_loss=1.6, ok=True)}
+    done = [dict(run_dir="runs/M2/a-s101", final_loss=1.5, ok=True), dict(run_dir="runs/M2/c-s101", final_loss=1.7, ok=True)]
+    quality.write_results_json(args, done, dict(command="bench/quality", date="now"), complete=False)
+    with open(os.path.join(args.out, "results.json")) as f:
+        written = json.load(f)["runs"]
+    # a and c as run, and b, which this invocation had not reached, from the earlier results.json
+    assert sorted(r["run_dir"] for r in written) == ["runs/M2/a-s101", "runs/M2/b-s101", "runs/M2/c-s101"]

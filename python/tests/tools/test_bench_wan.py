@@ -1,6 +1,8 @@
 """bench/wan's measurements of a run folder written here by hand: the time to a target loss (from the
 first start and from the moment training began), bytes per token both ways, utilisation and
 staleness. Expected values are worked out by hand in the comments."""
+import types
+
 import pytest
 
 from decoupled_diloco.tools import bench_wan
@@ -14,13 +16,15 @@ def run_dir(tmp_path, at, write_jsonl):
     write_jsonl(str(tmp_path / "learner-0" / "metrics.jsonl"), [
         event("start", 0),
         # Its first logged step at 5 s after 2 s of compute and 0.5 s of waiting: training began at 2.5 s.
-        event("step", 5, step=10, compute_seconds=2.0, wait_seconds=0.5),
+        event("step", 5, step=10, compute_seconds=2.0, wait_seconds=0.5, tokens=100),
+        event("step", 16, step=20, compute_seconds=6.0, wait_seconds=0.5, tokens=200),
         event("stop", 25, tokens=1000, compute_seconds=12.0, wait_seconds=1.0),
         event("shutdown", 25.5, bytes_sent=2000, bytes_received=3000, kafka_sent=500, kafka_received=700),
     ])
     write_jsonl(str(tmp_path / "learner-1" / "metrics.jsonl"), [
         event("start", 1),
-        event("step", 4, step=10, compute_seconds=1.0),  # began at 3 s
+        event("step", 4, step=10, compute_seconds=1.0, tokens=100),  # began at 3 s
+        event("step", 14, step=20, compute_seconds=5.0, tokens=200),
         event("stop", 24, tokens=1000, compute_seconds=15.0, wait_seconds=2.0),
         event("shutdown", 24.5, bytes_sent=1000, bytes_received=2000, kafka_sent=300, kafka_received=500),
     ])
@@ -73,3 +77,61 @@ def test_each_mode_runs_the_overrides_of_its_quality_row():
     assert "merger.quorum=2" in bench_wan.overrides_of("sync")
     assert "diloco.H=1" in bench_wan.overrides_of("perstep")
     assert "codec.topk=96" in bench_wan.overrides_of("sparse")
+
+
+def test_tokens_to_target_and_the_learners_times(run_dir):
+    m = bench_wan.measure(run_dir, 2.3)
+    # Reached at 15 s: learner-0's last step by then is at 5 s (100 tokens), learner-1's at 14 s (200).
+    assert m["tokens_to_target"] == 300
+    # The last stop at 25 s; learner-0 ran 0-25 s, learner-1 1-24 s.
+    assert (m["last_stop_seconds"], m["learner_seconds_max"]) == (25.0, 25.0)
+    assert "tokens_to_target" not in bench_wan.measure(run_dir, 2.0)
+
+
+def test_deep_target_is_the_best_loss_by_a_share_of_the_training_time(run_dir):
+    m = bench_wan.measure(run_dir, 2.3)
+    # Training from 2.5 s to the last stop at 25 s: 0.8 of it ends at 2.5 + 0.8 * 22.5 = 20.5 s, by when
+    # the evaluations were 2.6, 2.29, 2.35; 0.5 of it ends at 13.75 s, when only 2.6 was.
+    assert bench_wan.deep_target(m, 0.8) == (2.29, 20.5)
+    assert bench_wan.deep_target(m, 0.5) == (2.6, 13.75)
+    assert bench_wan.deep_target(dict(m, curve=[[30.0, 2.0]]), 0.8) == (None, None)
+    assert bench_wan.deep_target({"curve": []}, 0.8) == (None, None)
+
+
+def args_of(**extra):
+    base = dict(config="configs/tiny.toml", steps=400, max_seconds=1200, speed_factors=[1.0, 2.0], eval_interval=1.0,
+                seed=3, set=["merger.grace_tau=3"], mode_sets={"decoupled": ["merger.outer_momentum=0.7"]})
+    base.update(extra)
+    return types.SimpleNamespace(**base)
+
+
+def option(cmd, name):
+    return cmd[cmd.index(name) + 1]
+
+
+def test_a_time_budget_lifts_the_step_budget_but_keeps_the_schedule():
+    cmd = bench_wan.command(args_of(), "decoupled", "2860kbit", "/tmp/r", time_budget=31.25)
+    assert (option(cmd, "--max-seconds"), option(cmd, "--steps")) == ("31.2", str(400 * bench_wan.UNBOUNDED_STEPS))
+    assert option(cmd, "--speed-factors") == "1,2"
+    sets = [cmd[i + 1] for i, c in enumerate(cmd) if c == "--set"]
+    assert "train.total_steps=400" in sets and "run.seed=3" in sets
+    # --set, then the mode's own --mode-set last (it wins)
+    assert sets[-2:] == ["merger.grace_tau=3", "merger.outer_momentum=0.7"]
+    cmd = bench_wan.command(args_of(), "sync", "2860kbit", "/tmp/r")
+    assert (option(cmd, "--max-seconds"), option(cmd, "--steps")) == ("1200", "400")
+    assert "merger.outer_momentum=0.7" not in cmd
+
+
+def test_single_is_one_learner_with_decoupleds_settings_at_the_first_speed():
+    cmd = bench_wan.command(args_of(), "single", "2860kbit", "/tmp/r")
+    assert (option(cmd, "--learners"), option(cmd, "--regions"), option(cmd, "--speed-factors")) == ("1", "eu", "1")
+    assert "merger.quorum=1" in bench_wan.overrides_of("single")
+    assert bench_wan.overrides_of("single") == bench_wan.overrides_of("decoupled")
+
+
+def test_mode_sets_are_checked():
+    assert bench_wan.parse_mode_sets(["sync:merger.outer_lr=1", "sync:merger.outer_momentum=0.7"], ["sync"]) == \
+        {"sync": ["merger.outer_lr=1", "merger.outer_momentum=0.7"]}
+    for bad in ["merger.outer_lr=1", "nomode:a=1", "sync:no_value"]:
+        with pytest.raises(SystemExit):
+            bench_wan.parse_mode_sets([bad], ["sync"])
