@@ -856,7 +856,10 @@ def write_summary(args, results, info, plots, complete):
         lines += [""]
     tuned = getattr(args, "tuned_points", None)
     if tuned:
-        lines += [f"Tuned on other seeds (`--tuned {args.tuned}`): "
+        where = ("Tuned points applied on their own tuning seeds (`--lever-trial`: a lever tried on top of them, "
+                 "to compare with the grid on the same seeds; not a report)"
+                 if getattr(args, "lever_trial", False) else "Tuned on other seeds")
+        lines += [f"{where} (`--tuned {args.tuned}`): "
                   + "; ".join(f"M={m} {mode}: {b.get('label') or b.get('row')}"
                               for m, modes in sorted(tuned.items(), key=lambda kv: int(kv[0]))
                               for mode, b in sorted(modes.items())) + ".", ""]
@@ -964,6 +967,10 @@ def parse_args(argv):
     p.add_argument("--tuned", metavar="TUNED_JSON",
                    help="tuned.json of a --tune run: each tuned mode runs with its best point, data parallel with its "
                         "best learning rate only (same config and steps; report on other seeds)")
+    p.add_argument("--lever-trial", action="store_true",
+                   help="with --tuned, run on the tuning seeds themselves: to try a lever (--set, --decoupled-set) on "
+                        "top of each mode's tuned point against the grid's numbers on the same seeds; a lever that "
+                        "wins is then reported on other seeds")
     p.add_argument("--resume", action="store_true", help="skip the runs whose folder already has a result.json, or that the "
                    "results folder's results.json holds (its run folders may have been pruned)")
     p.add_argument("--dry-run", action="store_true", help="print the runs and their commands, run nothing")
@@ -988,6 +995,8 @@ def parse_args(argv):
     args.tuned_points = None
     if args.tune and args.tuned:
         p.error("--tune runs the grids, --tuned uses their result: one or the other")
+    if args.lever_trial and not args.tuned:
+        p.error("--lever-trial runs on the seeds of a --tuned tuned.json: give --tuned")
     if args.tuned:
         try:
             with open(args.tuned) as f:
@@ -996,8 +1005,9 @@ def parse_args(argv):
         except (OSError, ValueError, KeyError) as e:
             p.error(f"--tuned {args.tuned}: not a tuned.json of bench/quality --tune ({e})")
         overlap = sorted(set(tuned.get("seeds", [])) & set(args.seeds))
-        if overlap:
-            p.error(f"--tuned: seeds {','.join(map(str, overlap))} were used for tuning; report on other seeds")
+        if overlap and not args.lever_trial:
+            p.error(f"--tuned: seeds {','.join(map(str, overlap))} were used for tuning; report on other seeds "
+                    "(or try a lever on them with --lever-trial)")
         if tuned.get("steps") != args.steps:
             say(f"note: {args.tuned} was tuned at S = {tuned.get('steps')}, this run has S = {args.steps}")
         for m in args.m:

@@ -334,3 +334,17 @@ def test_an_interrupted_resume_keeps_the_results_it_has_not_reached(tmp_path):
         written = json.load(f)["runs"]
     # a and c as run, and b, which this invocation had not reached, from the earlier results.json
     assert sorted(r["run_dir"] for r in written) == ["runs/M2/a-s101", "runs/M2/b-s101", "runs/M2/c-s101"]
+
+
+def test_lever_trial_runs_tuned_points_on_the_tuning_seeds_and_only_with_tuned(tmp_path):
+    path = tmp_path / "tuned.json"
+    path.write_text('{"seeds": [101, 102], "steps": 800, "best": {"2": {}}}')
+    args = quality.parse_args(["--tuned", str(path), "--lever-trial", "--seeds", "101,102", "--m", "2",
+                               "--steps", "800", "--out", str(tmp_path / "out")])
+    assert args.seeds == [101, 102] and args.lever_trial
+    with pytest.raises(SystemExit):
+        quality.parse_args(["--lever-trial", "--seeds", "101", "--out", str(tmp_path / "out")])
+    # A bad tuned.json is named in a clear error, not a traceback.
+    (tmp_path / "bad.json").write_text("{}")
+    with pytest.raises(SystemExit):
+        quality.parse_args(["--tuned", str(tmp_path / "bad.json"), "--seeds", "1", "--out", str(tmp_path / "out")])
