@@ -135,7 +135,8 @@ def measure(run_dir, target, learners=LEARNERS):
     trained = [e["time_us"] - 1e6 * (e["compute_seconds"] + e.get("wait_seconds", 0.0)) for e in first_steps if e]
     t_train = min(trained) if trained else None
     evals = [(e["time_us"], e["eval_loss"]) for e in events["eval"] if e.get("event") == "global_eval"]
-    reached = next((t for t, loss in evals if loss <= target), None)
+    # Compared as the curve keeps them (4 decimals): a --deep-target is read off the curve.
+    reached = next((t for t, loss in evals if round(loss, 4) <= target), None)
     out = {"seconds_to_target": round((reached - t0) / 1e6, 1) if reached is not None else None,
            "training_seconds_to_target": round((reached - t_train) / 1e6, 1) if reached is not None and t_train else None,
            "startup_seconds": round((t_train - t0) / 1e6, 1) if t_train else None,

@@ -135,3 +135,17 @@ def test_mode_sets_are_checked():
     for bad in ["merger.outer_lr=1", "nomode:a=1", "sync:no_value"]:
         with pytest.raises(SystemExit):
             bench_wan.parse_mode_sets([bad], ["sync"])
+
+
+def test_a_deep_target_read_off_the_curve_is_reached_where_the_curve_has_it(run_dir, at, write_jsonl):
+    # The evaluator's 2.29004 is 2.29 on the curve; the deep target taken from the curve is 2.29,
+    # and the run reaches it at that evaluation (15 s), not at a later, lower one.
+    write_jsonl(run_dir + "/eval/metrics.jsonl", [
+        {"event": "global_eval", "t": 10, "time_us": at(10), "eval_loss": 2.6},
+        {"event": "global_eval", "t": 15, "time_us": at(15), "eval_loss": 2.29004},
+        {"event": "global_eval", "t": 20, "time_us": at(20), "eval_loss": 2.2}])
+    m = bench_wan.measure(run_dir, 2.3)
+    # 0.6 of the training time (2.5 s to 25 s) ends at 16 s: the evaluations by then are 2.6 and 2.29.
+    assert bench_wan.deep_target(m, 0.6) == (2.29, 16.0)
+    target = 2.29
+    assert bench_wan.measure(run_dir, target)["seconds_to_target"] == 15.0
