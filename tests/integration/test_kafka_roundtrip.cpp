@@ -391,7 +391,7 @@ TEST_CASE("one LogReader serves reads to the end, ranges and positions through o
   CHECK_FALSE(reader.offset_at_time(topic, 0, *std::max_element(stamps.begin(), stamps.end()) + 1, 10000));
 }
 
-TEST_CASE("a topic that appears while a process looks for it is found; one that never does is reported missing",
+TEST_CASE("a topic that appears while a process looks for it is found, and one that never does is reported missing",
           "[kafka][metadata]") {
   const KafkaOptions kafka = testing::require_broker();
   const std::string late = testing::unique_run_id("late") + ".topic";
