@@ -14,6 +14,14 @@
 
 namespace diloco {
 
+bool switches_optimizer(const FragmentState& state, OuterOptimizerKind optimizer) {
+  return state.optimizer && *state.optimizer != optimizer;
+}
+
+uint64_t next_merge_count(const FragmentState& state, OuterOptimizerKind optimizer) {
+  return state.version + 1 - (switches_optimizer(state, optimizer) ? state.version : state.optimizer_since);
+}
+
 namespace {
 
 // The state's tensors or a delta's (a DeltaView of either) against the layout.
@@ -146,7 +154,7 @@ MergeRecord merge_checked(FragmentState& state, std::span<const MergeInput> inpu
   // to CGAD): its buffers start from zero and its steps are counted from this merge on. Reusing
   // them would make Nesterov's momentum Adam's first moment with no bias correction left, or
   // Delayed Nesterov's accumulated gradients (possibly negative) Adam's second moment.
-  if (state.optimizer && *state.optimizer != options.optimizer) {
+  if (switches_optimizer(state, options.optimizer)) {
     for (auto& t : state.momentum) std::fill(t.values.begin(), t.values.end(), 0.0f);
     state.outer_state.clear();
     state.optimizer_since = state.version;

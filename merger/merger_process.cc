@@ -471,11 +471,9 @@ void MergerProcess::merge(uint32_t p, const std::vector<std::string>& live) {
   const bool share_scaling = o_.config.merger.share_scaling;
   set_merge_share(options, plan.inputs, share_scaling ? live.size() : 0, share_scaling);
   const uint64_t version = f.state.version;
-  {  // The momentum of this merge (the record keeps it): merges counted as merge_step counts them.
-    const bool switched = f.state.optimizer && *f.state.optimizer != options.optimizer;
-    const uint64_t since = switched ? version : f.state.optimizer_since;
-    options.hyper.momentum = scheduled_momentum(momentum_schedule(o_.config), version + 1 - since, version + 1);
-  }
+  // The momentum of this merge (the record keeps it).
+  options.hyper.momentum =
+      scheduled_momentum(momentum_schedule(o_.config), next_merge_count(f.state, options.optimizer), version + 1);
   const uint64_t checksum = f.state.checksum;
   // In place: a fragment is held once (no second copy to write the next version into).
   const auto t_step = Clock::now();

@@ -259,6 +259,7 @@ void parse_cluster(const Section& s, RunConfig& c) {
     else if (key == "mergers") read(f, k.mergers);
     else if (key == "speed_factors") read(f, k.speed_factors);
     else if (key == "eval_interval") read(f, k.eval_interval);
+    else if (key == "schedule_by_speed") read(f, k.schedule_by_speed);
     else unknown_key(f);
   }
 }

@@ -162,6 +162,9 @@ struct ClusterConfig {
   uint32_t mergers = 1;
   std::vector<double> speed_factors;  // learner i is slowed by speed_factors[i] (missing: 1.0)
   double eval_interval = 15;          // seconds between evaluations of the global model
+  // Each learner's learning-rate schedule (train.total_steps, train.warmup_steps) divided by its
+  // speed factor, so that every learner's schedule ends at the same wall clock (scripts/run-local).
+  bool schedule_by_speed = false;
 };
 
 // Authenticated parameters (core/zmq/curve.h): ZeroMQ CURVE with an allow-list of learner keys;

@@ -96,6 +96,7 @@ regions = ["a", "b", "c"]
 mergers = 2
 speed_factors = [1.0, 2.0]
 eval_interval = 7
+schedule_by_speed = true
 [security]
 merger_public_key = "keys/merger.key"
 merger_secret_key = "keys/merger.key_secret"
@@ -123,7 +124,7 @@ TEST_CASE("run_config_json prints every field under its TOML name, and --set of 
       apply_override(rebuilt, section + "." + key + "=" + toml_literal(value));
       ++fields;
     }
-  CHECK(fields == 77);  // the keys the parser knows (core/config/run_config.cc)
+  CHECK(fields == 78);  // the keys the parser knows (core/config/run_config.cc)
   CHECK(run_config_json(rebuilt) == printed);
   CHECK(printed["train"]["batch"] == 5);
   CHECK(printed["codec"]["dtype"] == "int8");

@@ -749,3 +749,18 @@ TEST_CASE("a run switched to another outer optimizer starts its buffers from zer
   CHECK(again.optimizer_since == 0);
   CHECK_FALSE(same_bits(again.momentum, initial_momentum(again.params)));
 }
+
+TEST_CASE("a fragment's next merge is counted from where its optimizer began", "[merge]") {
+  FragmentState s;
+  s.version = 6;
+  // A checkpoint of older binaries names no optimizer: no switch, counted from genesis.
+  CHECK_FALSE(switches_optimizer(s, OuterOptimizerKind::Cgad));
+  CHECK(next_merge_count(s, OuterOptimizerKind::Cgad) == 7);
+  // Nesterov since version 2: its next merge (version 7) is its 5th; CGAD's would be its 1st.
+  s.optimizer = OuterOptimizerKind::Nesterov;
+  s.optimizer_since = 2;
+  CHECK_FALSE(switches_optimizer(s, OuterOptimizerKind::Nesterov));
+  CHECK(next_merge_count(s, OuterOptimizerKind::Nesterov) == 5);
+  CHECK(switches_optimizer(s, OuterOptimizerKind::Cgad));
+  CHECK(next_merge_count(s, OuterOptimizerKind::Cgad) == 1);
+}

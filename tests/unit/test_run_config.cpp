@@ -325,6 +325,7 @@ regions = ["eu", "us", "asia"]
 mergers = 2
 speed_factors = [1, 1.5, 2.0]
 eval_interval = 5
+schedule_by_speed = true
 )",
                                  "c.toml");
   CHECK(c.cluster.learners == 4);
@@ -332,6 +333,8 @@ eval_interval = 5
   CHECK(c.cluster.mergers == 2);
   CHECK(c.cluster.speed_factors == std::vector<double>{1.0, 1.5, 2.0});
   CHECK(c.cluster.eval_interval == Approx(5));
+  CHECK(c.cluster.schedule_by_speed);
+  CHECK_FALSE(RunConfig{}.cluster.schedule_by_speed);
   CHECK_NOTHROW(validate_run_config(c));
   apply_override(c, "cluster.regions=[\"a\"]");
   CHECK(c.cluster.regions == std::vector<std::string>{"a"});

@@ -124,15 +124,18 @@ def deep_target(result, fraction):
 def measure(run_dir, target, learners=LEARNERS):
     learners = [f"learner-{i}" for i in range(learners)]
     events = {n: read_jsonl(os.path.join(run_dir, n, "metrics.jsonl")) for n in learners + ["eval"]}
-    starts = [e["time_us"] for n in learners for e in events[n] if e.get("event") == "start"]
+    # Each learner's first start and last stop (a learner started again has several).
+    first_start = {n: next((e["time_us"] for e in events[n] if e.get("event") == "start"), None) for n in learners}
+    last_stop = {n: next((e for e in reversed(events[n]) if e.get("event") == "stop"), None) for n in learners}
+    starts = [t for t in first_start.values() if t is not None]
     if not starts:
         return {"error": "no learner started"}
     t0 = min(starts)
     # When training began: a learner's first logged step (step 10) less the compute and wait
     # seconds it took to get there; the earliest learner's.
-    first_steps = [next((e for e in events[n] if e.get("event") == "step" and "compute_seconds" in e), None)
-                   for n in learners]
-    trained = [e["time_us"] - 1e6 * (e["compute_seconds"] + e.get("wait_seconds", 0.0)) for e in first_steps if e]
+    first_step = {n: next((e for e in events[n] if e.get("event") == "step" and "compute_seconds" in e), None)
+                  for n in learners}
+    trained = [e["time_us"] - 1e6 * (e["compute_seconds"] + e.get("wait_seconds", 0.0)) for e in first_step.values() if e]
     t_train = min(trained) if trained else None
     evals = [(e["time_us"], e["eval_loss"]) for e in events["eval"] if e.get("event") == "global_eval"]
     # Compared as the curve keeps them (4 decimals): a --deep-target is read off the curve.
@@ -147,27 +150,23 @@ def measure(run_dir, target, learners=LEARNERS):
         out["tokens_to_target"] = sum(
             max((e.get("tokens", 0) for e in events[n] if e.get("event") == "step" and e["time_us"] <= reached),
                 default=0) for n in learners)
-    stops = [e for n in learners for e in events[n] if e.get("event") == "stop"]
-    lifetimes = []
-    for n in learners:
-        start = next((e["time_us"] for e in events[n] if e.get("event") == "start"), None)
-        stop = next((e["time_us"] for e in reversed(events[n]) if e.get("event") == "stop"), None)
-        if start is not None and stop is not None:
-            lifetimes.append((stop - start) / 1e6)
-    out["last_stop_seconds"] = round((max(e["time_us"] for e in stops) - t0) / 1e6, 2) if stops else None
+    stops = [e["time_us"] for e in last_stop.values() if e]
+    lifetimes = [(last_stop[n]["time_us"] - first_start[n]) / 1e6 for n in learners
+                 if first_start[n] is not None and last_stop[n]]
+    out["last_stop_seconds"] = round((max(stops) - t0) / 1e6, 2) if stops else None
     # The longest a learner ran, from its start to its stop: the time budget of --deep-target's runs.
     out["learner_seconds_max"] = round(max(lifetimes), 2) if lifetimes else None
     sent = received = kafka_sent = kafka_received = tokens = compute = wait = wall = 0
     for n in learners:
-        stop = [e for e in events[n] if e.get("event") == "stop"]
+        stop = last_stop[n]
         shutdown = [e for e in events[n] if e.get("event") == "shutdown"]
-        steps = [e for e in events[n] if e.get("event") == "step" and "compute_seconds" in e]
         if stop:
-            tokens += stop[-1].get("tokens", 0)
-            wait += stop[-1].get("wait_seconds", 0.0)
-            if steps:  # the training phase: from the first logged step to the stop (start-up excluded)
-                compute += stop[-1].get("compute_seconds", 0.0) - steps[0]["compute_seconds"]
-                wall += stop[-1]["t"] - steps[0]["t"]
+            tokens += stop.get("tokens", 0)
+            wait += stop.get("wait_seconds", 0.0)
+            first = first_step[n]
+            if first:  # the training phase: from the first logged step to the stop (start-up excluded)
+                compute += stop.get("compute_seconds", 0.0) - first["compute_seconds"]
+                wall += stop["t"] - first["t"]
         if shutdown:
             s = shutdown[-1]
             sent += s.get("bytes_sent", 0)

@@ -114,6 +114,23 @@ def write_run_config(config_path, overrides, run_id, out_path):
         f.write(header + "\n" + text)
 
 
+def schedule_overrides(config, speed, learners):
+    """With cluster.schedule_by_speed, each learner's --set of its learning-rate schedule: learner i's
+    train.total_steps and train.warmup_steps divided by its speed factor (at least 1 and 0 steps),
+    so that every schedule ends at the same wall clock; {} without it or when every factor is 1.
+    E.g. total 400, warm-up 50, factors [1, 2] -> learner 1: total 200, warm-up 25."""
+    if not config["cluster"].get("schedule_by_speed"):
+        return {}
+    total, warmup = int(config["train"]["total_steps"]), int(config["train"]["warmup_steps"])
+    out = {}
+    for i in range(learners):
+        f = speed[i] if i < len(speed) else 1.0
+        if f != 1.0:
+            t = max(1, round(total / f))
+            out[i] = [f"train.total_steps={t}", f"train.warmup_steps={min(t, round(warmup / f))}"]
+    return out
+
+
 def cluster_shape(config, args):
     """Learners, regions, mergers, speed factors and the evaluation interval: the command line
     over the config's [cluster] (whose defaults are the binaries')."""
@@ -477,8 +494,10 @@ class Cluster:
 
     def __init__(self, config_path, overrides, learners, regions, mergers, speed, eval_interval, steps,
                  max_seconds, run_dir, bin_dir, run_id, tokens_per_step, fragments, python_learners=0,
-                 python_model="builtin", secure_dir=None):
+                 python_model="builtin", secure_dir=None, learner_overrides=None):
         self.config_path, self.overrides = config_path, overrides
+        # {learner index: [K=V, ...]}: --set for that learner only, after the run's (schedule_overrides)
+        self.learner_overrides = learner_overrides or {}
         self.learners, self.regions, self.mergers = learners, regions, mergers
         self.speed, self.eval_interval, self.steps, self.max_seconds = speed, eval_interval, steps, max_seconds
         self.run_dir, self.bin_dir, self.run_id = run_dir, bin_dir, run_id
@@ -500,6 +519,7 @@ class Cluster:
                      "overrides": overrides,
                      "learners": learners, "regions": regions, "mergers": mergers,
                      "speed_factors": [self.speed_of(i) for i in range(learners)],
+                     "learner_overrides": {self.learner_names[i]: o for i, o in self.learner_overrides.items()},
                      "learner_regions": {self.learner_names[i]: self.region_of(i) for i in range(learners)},
                      "python_learners": [n for i, n in enumerate(self.learner_names) if self.runs_python(i)],
                      "python_model": python_model if python_learners else None,
@@ -576,8 +596,8 @@ class Cluster:
             fail(f"scripts/secure init {self.secure_dir} failed:\n{result.stderr.strip()}")
         say(f"secured run: mutual TLS and ACLs on Kafka, CURVE on parameters (keys in {self.secure_dir})")
 
-    def _common(self, principal=None, role=None):
-        overrides = self.overrides + [f"run.id=\"{self.run_id}\""]
+    def _common(self, principal=None, role=None, extra=()):
+        overrides = self.overrides + [f"run.id=\"{self.run_id}\""] + list(extra)
         if self.secure_dir and principal:
             overrides += self.secure_overrides(principal, role)
         sets = [a for o in overrides for a in ("--set", o)]
@@ -616,7 +636,7 @@ class Cluster:
         """Learner i's command line; max_seconds: its time budget (default the run's)."""
         name = self.learner_names[i]
         max_seconds = self.max_seconds if max_seconds is None else max_seconds
-        args = [*self._common(name, "learner"), "--id", name, "--index", str(i), "--learners", str(self.learners),
+        args = [*self._common(name, "learner", self.learner_overrides.get(i, [])), "--id", name, "--index", str(i), "--learners", str(self.learners),
                 "--region", self.region_of(i), "--regions", ",".join(self.regions), "--steps", str(self.steps),
                 "--run-dir", os.path.join(self.run_dir, name)]
         args += ["--max-seconds", f"{max_seconds:.1f}"] if max_seconds else []
@@ -760,7 +780,8 @@ def cluster_from_args(args, make=None, create=True):
              "give another --run-dir, or remove that one")
     cluster = (make or Cluster)(config_path, args.overrides, learners, regions, mergers, speed, eval_interval, steps,
                                 args.max_seconds, run_dir, args.bin_dir, run_id, tokens_per_step, fragments,
-                                args.python_learners, args.python_model, secure_dir_of(args))
+                                args.python_learners, args.python_model, secure_dir_of(args),
+                                schedule_overrides(config, speed, learners))
     if create:
         cluster.create_folder()
     return cluster

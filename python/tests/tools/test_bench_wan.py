@@ -149,3 +149,35 @@ def test_a_deep_target_read_off_the_curve_is_reached_where_the_curve_has_it(run_
     assert bench_wan.deep_target(m, 0.6) == (2.29, 16.0)
     target = 2.29
     assert bench_wan.measure(run_dir, target)["seconds_to_target"] == 15.0
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--speed-factors", "1,x"], "expected numbers >= 1"),
+    (["--speed-factors", "1,0.5"], "each factor must be >= 1"),
+    (["--deep-target", "0", "--modes", "sync,decoupled"], "expected a fraction in (0, 1]"),
+    (["--deep-target", "1.5", "--modes", "sync,decoupled"], "expected a fraction in (0, 1]"),
+    (["--deep-target", "0.8", "--modes", "decoupled,single"], "add sync to --modes"),
+])
+def test_bad_speed_factors_and_deep_targets_are_refused_before_anything_runs(tmp_path, argv, message):
+    with pytest.raises(SystemExit) as e:
+        bench_wan.main([*argv, "--out", str(tmp_path / "out")])
+    assert message in str(e.value)
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_learner_started_again_counts_from_its_first_start_to_its_last_stop(tmp_path, at, write_jsonl):
+    def event(name, seconds, **fields):
+        return {"event": name, "t": seconds, "time_us": at(seconds), **fields}
+
+    write_jsonl(str(tmp_path / "learner-0" / "metrics.jsonl"), [
+        event("start", 0), event("step", 5, step=10, compute_seconds=4.0, tokens=100),
+        event("stop", 10, tokens=200, compute_seconds=8.0),  # killed and started again at 12 s
+        event("start", 12), event("step", 15, step=30, compute_seconds=10.0, tokens=300),
+        event("stop", 30, tokens=600, compute_seconds=24.0),
+    ])
+    write_jsonl(str(tmp_path / "eval" / "metrics.jsonl"), [event("global_eval", 20, eval_loss=2.0)])
+    m = bench_wan.measure(str(tmp_path), 2.3, learners=1)
+    # From its first start (0 s) to its last stop (30 s); tokens and compute of the last stop, the
+    # training phase from its first logged step (5 s, 4 s of compute): 24 - 4 = 20 s in 30 - 5 = 25 s.
+    assert (m["learner_seconds_max"], m["last_stop_seconds"]) == (30.0, 30.0)
+    assert (m["tokens"], m["compute_seconds"], m["training_wall_seconds"], m["utilisation"]) == (600, 20.0, 25.0, 0.8)

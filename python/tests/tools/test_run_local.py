@@ -2,6 +2,7 @@
 and cluster shape, and the command lines of the processes a cluster starts (C++ and Python
 learners). Expected values are worked out by hand in the comments."""
 import importlib
+import json
 import os
 import subprocess
 import sys
@@ -221,6 +222,38 @@ def test_diloco_learner_reads_a_cpp_learners_command_line(cluster):
         if argv[0].endswith("diloco-learner"):
             r = subprocess.run([*argv, "--print-config"], capture_output=True, text=True)
             assert r.returncode == 0, f"{name}: {r.stderr}"
+
+
+def test_schedule_by_speed_divides_each_learners_schedule_by_its_speed():
+    config = {"cluster": {"schedule_by_speed": True}, "train": {"total_steps": 400, "warmup_steps": 50}}
+    # Factors 1, 2, 3 (learner 3 missing: 1): 400/2 = 200, 50/2 = 25; 400/3 = 133.3 -> 133, 50/3 = 16.7 -> 17.
+    assert run_local.schedule_overrides(config, [1.0, 2.0, 3.0], 4) == {
+        1: ["train.total_steps=200", "train.warmup_steps=25"],
+        2: ["train.total_steps=133", "train.warmup_steps=17"]}
+    # At least one step, a warm-up no longer than the schedule: 3 / 1000 -> 1 step, warm-up 0.
+    tiny = {"cluster": {"schedule_by_speed": True}, "train": {"total_steps": 3, "warmup_steps": 3}}
+    assert run_local.schedule_overrides(tiny, [1000.0], 1) == {0: ["train.total_steps=1", "train.warmup_steps=0"]}
+    off = {"cluster": {"schedule_by_speed": False}, "train": {"total_steps": 400, "warmup_steps": 50}}
+    assert run_local.schedule_overrides(off, [1.0, 2.0], 2) == {}
+
+
+def test_a_learners_own_schedule_wins_over_the_runs(cluster, tmp_path):
+    """The per-learner --set comes after the run's, so the binary reads the learner's value."""
+    bin_dir = repository.default_bin_dir()
+    if not os.access(os.path.join(bin_dir, "diloco-learner"), os.X_OK):
+        pytest.skip(f"diloco-learner is not built in {bin_dir}")
+    c = run_local.Cluster(TINY, ["train.total_steps=400"], 2, ["eu", "us"], 1, [1.0, 2.0], 5.0, 100, 0,
+                          str(tmp_path / "run"), bin_dir, "tiny-1", 1024, 4, 0, "builtin", None,
+                          {1: ["train.total_steps=200", "train.warmup_steps=25"]})
+    c.servers = "127.0.0.1:29392"
+    printed = []
+    for i in range(2):
+        r = subprocess.run([*c.learner_argv(i), "--print-config"], capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+        printed.append(json.loads(r.stdout)["train"])
+    assert printed[0]["total_steps"] == 400
+    assert (printed[1]["total_steps"], printed[1]["warmup_steps"]) == (200, 25)
+    assert c.info["learner_overrides"] == {"learner-1": ["train.total_steps=200", "train.warmup_steps=25"]}
 
 
 def test_run_config_holds_the_overrides(tmp_path, capsys):
