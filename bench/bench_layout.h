@@ -30,7 +30,8 @@ inline std::vector<TensorSpec> parse_tensors(const std::string& text) {
     while (d <= item.size()) {
       const size_t x = std::min(item.find('x', d), item.size());
       const std::string dim = item.substr(d, x - d);
-      if (dim.empty() || dim.find_first_not_of("0123456789") != std::string::npos || dim.size() > 12)
+      if (dim.empty() || dim.find_first_not_of("0123456789") != std::string::npos || dim.size() > 12 ||
+          dim.find_first_not_of('0') == std::string::npos)
         throw InvalidInput("--tensors: '" + item + "': dimension '" + dim + "' is not a positive integer");
       spec.shape.push_back(std::stoll(dim));
       d = x + 1;

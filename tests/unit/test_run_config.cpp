@@ -243,11 +243,11 @@ wait_timeout_seconds = 30
   CHECK_THROWS_WITH(invalid("diloco.wiat_steps=1"), Contains("diloco.wiat_steps"));
 }
 
-TEST_CASE("the merger section: paper defaults, overrides and range checks", "[config]") {
+TEST_CASE("the merger section: defaults, overrides and range checks", "[config]") {
   RunConfig c = parse_run_config("", "empty");
   CHECK(c.merger.quorum == 1);
-  CHECK(c.merger.outer_lr == Approx(0.7));
-  CHECK(c.merger.outer_momentum == Approx(0.9));
+  CHECK(c.merger.outer_lr == Approx(1.0));
+  CHECK(c.merger.outer_momentum == Approx(0.5));
   CHECK(c.merger.rule == "rda");
   CHECK(c.merger.max_staleness == -1);
   CHECK(c.merger.share_scaling);

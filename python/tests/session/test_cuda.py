@@ -5,7 +5,7 @@ reference, always) and on CUDA where torch.cuda.is_available().
 By hand, from configs/tiny.toml: fragment p is cut at step 10 (p + 1), so after 40 steps of
 "every value down by 0.01" its delta is 0.01 * 10 (p + 1) everywhere; one learner's merge (rule
 rda, Nesterov with outer_lr 0.7 and momentum 0.9, from zero momentum) moves version 0 by
--0.7 * (1 + 0.9) times it; and the learner, adopting with rebase, keeps the steps it did on p
+-1.0 * (1 + 0.5) times it; and the learner, adopting with rebase, keeps the steps it did on p
 after its cut, 0.01 * (40 - 10 (p + 1)).
 """
 from __future__ import annotations
@@ -16,7 +16,7 @@ import torch
 
 STEPS = 40
 RATE = 0.01
-OUTER = 0.7 * (1 + 0.9)
+OUTER = 1.0 * (1 + 0.5)
 
 DEVICES = [
     "cpu",

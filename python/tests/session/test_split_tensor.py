@@ -8,7 +8,7 @@ embed[60:90] and fragment 3 w (core/fragments/partition.h).
 
 By hand, as in test_cuda.py: fragment p is cut at step 10 (p + 1); after 40 steps of "every value
 down by 0.01" its delta is 0.01 * 10 (p + 1); one learner's merge moves version 0 by
--0.7 * (1 + 0.9) times it; the learner, adopting with rebase, keeps its 0.01 * (40 - 10 (p + 1))
+-1.0 * (1 + 0.5) times it; the learner, adopting with rebase, keeps its 0.01 * (40 - 10 (p + 1))
 since the cut. So the rows of embed move by an amount that depends on the block they are in.
 """
 from __future__ import annotations
@@ -19,7 +19,7 @@ from decoupled_diloco import safetensors
 
 STEPS = 40
 RATE = 0.01
-OUTER = 0.7 * (1 + 0.9)
+OUTER = 1.0 * (1 + 0.5)
 SHAPES = {"embed": (90, 8), "w": (15, 16), "b": (8,)}
 
 
