@@ -378,9 +378,11 @@ TEST_CASE("a run whose deltas and checkpoints travel in chunks survives a merger
 TEST_CASE("a scheduled outer momentum: each merge records its version's momentum, and every version verifies",
           "[merger][cluster][momentum]") {
   Cluster c;
-  // Warm-up over 2 merges, then from version 3 down to 0.3 at version 5 (outer momentum 0.9).
-  const std::vector<std::string> schedule = {"merger.momentum_warmup=2", "merger.momentum_decay_from=3",
-                                             "merger.momentum_decay_to=5", "merger.momentum_final=0.3"};
+  // Outer momentum 0.9 (set here, whatever the default): warm-up over 2 merges, then from version
+  // 3 down to 0.3 at version 5.
+  const std::vector<std::string> schedule = {"merger.outer_momentum=0.9", "merger.momentum_warmup=2",
+                                             "merger.momentum_decay_from=3", "merger.momentum_decay_to=5",
+                                             "merger.momentum_final=0.3"};
   for (const auto& s : schedule) c.sets.insert(c.sets.end(), {"--set", s});
   std::vector<std::string> overrides = {"train.eval_every=50", "merger.checkpoint_every=3"};
   overrides.insert(overrides.end(), schedule.begin(), schedule.end());
