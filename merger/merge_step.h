@@ -87,6 +87,15 @@ float scaled_share(float round, double scale);
 // cgad_cutoff >= 1, adam_beta2 in [0, 1) and adam_epsilon finite and > 0.
 void validate_outer_hyper(const OuterHyper& hyper);
 
+// Whether a merge with `optimizer` switches the fragment's optimizer (another one stepped its
+// buffers: merge_step starts them from zero and counts merges from there).
+bool switches_optimizer(const FragmentState& state, OuterOptimizerKind optimizer);
+
+// The count of the fragment's next merge with `optimizer` since the run began using it, as
+// merge_step counts it (CGAD's bias correction, the momentum schedule's warm-up): 1 right after a
+// switch, else state.version + 1 - state.optimizer_since.
+uint64_t next_merge_count(const FragmentState& state, OuterOptimizerKind optimizer);
+
 // Writes version current.version + 1 of the fragment into `next` (which must not be `current`;
 // its buffers are reused, so a caller can alternate two states without allocating): run id,
 // fingerprint, fragment, version, params, momentum, outer_state, downlink_residual and checksum. The outer_state
@@ -101,15 +110,6 @@ void validate_outer_hyper(const OuterHyper& hyper);
 // finite or sum to 0, a base version above current.version or a staleness other than
 // current.version - base_version, tensors (of the state or of a delta) that do not match the
 // layout, or invalid hyper-parameters. `current` and `next` are untouched then.
-// Whether a merge with `optimizer` switches the fragment's optimizer (another one stepped its
-// buffers: merge_step starts them from zero and counts merges from there).
-bool switches_optimizer(const FragmentState& state, OuterOptimizerKind optimizer);
-
-// The count of the fragment's next merge with `optimizer` since the run began using it, as
-// merge_step counts it (CGAD's bias correction, the momentum schedule's warm-up): 1 right after a
-// switch, else state.version + 1 - state.optimizer_since.
-uint64_t next_merge_count(const FragmentState& state, OuterOptimizerKind optimizer);
-
 MergeRecord merge_step(const FragmentState& current, std::span<const MergeInput> inputs,
                        const MergeOptions& options, FragmentState& next);
 

@@ -114,6 +114,11 @@ def write_run_config(config_path, overrides, run_id, out_path):
         f.write(header + "\n" + text)
 
 
+def speed_factor(speed, i):
+    """Learner i's slow-down factor: speed[i], 1 where the list stops."""
+    return speed[i] if i < len(speed) else 1.0
+
+
 def schedule_overrides(config, speed, learners):
     """With cluster.schedule_by_speed, each learner's --set of its learning-rate schedule: learner i's
     train.total_steps and train.warmup_steps divided by its speed factor (at least 1 and 0 steps),
@@ -124,7 +129,7 @@ def schedule_overrides(config, speed, learners):
     total, warmup = int(config["train"]["total_steps"]), int(config["train"]["warmup_steps"])
     out = {}
     for i in range(learners):
-        f = speed[i] if i < len(speed) else 1.0
+        f = speed_factor(speed, i)
         if f != 1.0:
             t = max(1, round(total / f))
             out[i] = [f"train.total_steps={t}", f"train.warmup_steps={min(t, round(warmup / f))}"]
@@ -545,7 +550,7 @@ class Cluster:
         return [sys.executable, os.path.join(repository.root(), TRAIN_PY), "--model", self.python_model]
 
     def speed_of(self, i):
-        return self.speed[i] if i < len(self.speed) else 1.0
+        return speed_factor(self.speed, i)
 
     def prepare_broker(self, partitions=None):
         """Starts the broker if none runs (stopped again by finish()) and creates the run's topics."""
@@ -636,7 +641,8 @@ class Cluster:
         """Learner i's command line; max_seconds: its time budget (default the run's)."""
         name = self.learner_names[i]
         max_seconds = self.max_seconds if max_seconds is None else max_seconds
-        args = [*self._common(name, "learner", self.learner_overrides.get(i, [])), "--id", name, "--index", str(i), "--learners", str(self.learners),
+        args = [*self._common(name, "learner", self.learner_overrides.get(i, [])), "--id", name, "--index", str(i),
+                "--learners", str(self.learners),
                 "--region", self.region_of(i), "--regions", ",".join(self.regions), "--steps", str(self.steps),
                 "--run-dir", os.path.join(self.run_dir, name)]
         args += ["--max-seconds", f"{max_seconds:.1f}"] if max_seconds else []
