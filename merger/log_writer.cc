@@ -57,20 +57,32 @@ std::optional<LogPosition> LogWriter::commit(std::span<const LogWrite> writes,
   delivered_.clear();
   producer_->begin_transaction();
   const uint64_t first = next_token_;
+  records_written_.clear();
   for (const auto& w : writes) {
+    uint64_t records = 0;
+    auto produce = [&](const std::string& key, std::span<const uint8_t> value) {
+      producer_->produce({.topic = w.topic, .partition = w.partition, .key = key, .value = value}, next_token_++,
+                         t_.produce_ms);
+      ++records;
+    };
     if (!w.chunk_id) {
-      producer_->produce({.topic = w.topic, .partition = w.partition, .key = w.key, .value = w.value}, next_token_++,
-                         t_.produce_ms);
-      continue;
+      produce(w.key, w.value);
+    } else if (w.segments) {
+      w.segments([&](uint32_t, uint32_t, std::span<const uint8_t> segment) {
+        for_each_piece(segment, *w.chunk_id, w.chunk_bytes, [&](uint32_t, uint32_t, std::span<const uint8_t> piece) {
+          produce(w.key + "/" + std::to_string(records), piece);
+        });
+      });
+    } else {
+      for_each_piece(w.value, *w.chunk_id, w.chunk_bytes, [&](uint32_t i, uint32_t count, std::span<const uint8_t> piece) {
+        produce(count == 1 ? w.key : w.key + "/" + std::to_string(i), piece);
+      });
     }
-    for_each_piece(w.value, *w.chunk_id, w.chunk_bytes, [&](uint32_t i, uint32_t count, std::span<const uint8_t> piece) {
-      producer_->produce({.topic = w.topic, .partition = w.partition,
-                          .key = count == 1 ? w.key : w.key + "/" + std::to_string(i), .value = piece},
-                         next_token_++, t_.produce_ms);
-    });
-    for (const auto& key : stale_piece_keys(w.key, w.replaces_pieces, piece_count(w.value.size(), w.chunk_bytes)))
-      producer_->produce({.topic = w.topic, .partition = w.partition, .key = key, .value = {}}, next_token_++,
-                         t_.produce_ms);
+    records_written_.push_back(records);
+    if (w.chunk_id)
+      for (const auto& key : stale_piece_keys(w.key, w.replaces_pieces, records))
+        producer_->produce({.topic = w.topic, .partition = w.partition, .key = key, .value = {}}, next_token_++,
+                           t_.produce_ms);
   }
   if (merge && ++merge_commits_ == fail_commit_at_) {
     if (on_injected_fault_) on_injected_fault_();

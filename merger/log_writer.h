@@ -39,6 +39,12 @@ struct LogWrite {
   // pieces this write does not overwrite get tombstones in the same transaction: the topic is
   // compacted by key, so a piece of a checkpoint that shrank would stay forever.
   uint64_t replaces_pieces = 0;
+  // Set instead of `value` for a streamed checkpoint (core/codec/messages.h): called inside the
+  // transaction, it encodes the segments one at a time and hands each to the sink, which sends it
+  // as `value` would be sent (pieces of chunk_bytes under chunk_id). Its records are keyed
+  // "<key>/<r>", r counting every record of the checkpoint, so compaction and the tombstones of
+  // `replaces_pieces` treat them as the pieces of one message.
+  std::function<void(const SegmentSink&)> segments;
 };
 
 // The keys of a value's earlier pieces (`before` of them) that a value of `now` pieces leaves
@@ -74,6 +80,8 @@ class LogWriter {
             std::function<void()> on_injected_fault = {});
 
   int transaction_timeout_ms() const { return transaction_timeout_ms_; }
+  // The records each write of the last commit went out in (parallel to its `writes`).
+  const std::vector<uint64_t>& records_written() const { return records_written_; }
 
   // One transaction: `writes` in order, then `offsets` of `consumer`'s group. Returns the log
   // position of writes[0] once Kafka acknowledged it (within record_ack_ms), else nullopt.
@@ -96,6 +104,7 @@ class LogWriter {
   std::map<uint64_t, DeliveryReport> delivered_;  // token -> report, for the open transaction
   uint64_t next_token_ = 1;
   std::unique_ptr<Producer> producer_;
+  std::vector<uint64_t> records_written_;
 };
 
 }  // namespace diloco

@@ -105,10 +105,17 @@ void MergerProcess::log(nlohmann::json record) {
 
 void MergerProcess::add_state_write(std::vector<LogWrite>& writes, const FragmentState& state) {
   const uint32_t p = state.fragment;
-  writes.push_back({.topic = topics_.state(), .partition = book_.partition_of(p), .key = std::to_string(p),
-                    .value = encode_fragment_state(state),
-                    .chunk_id = ChunkId{o_.config.run.id, o_.instance_id, p, state.version},
-                    .chunk_bytes = o_.config.codec.chunk_bytes, .replaces_pieces = state_pieces_[p]});
+  LogWrite w{.topic = topics_.state(), .partition = book_.partition_of(p), .key = std::to_string(p), .value = {},
+             .chunk_id = ChunkId{o_.config.run.id, o_.instance_id, p, state.version},
+             .chunk_bytes = o_.config.codec.chunk_bytes, .replaces_pieces = state_pieces_[p], .segments = {}};
+  const uint64_t segment_bytes = o_.config.codec.segment_bytes;
+  if (fragment_state_segments(state, segment_bytes) == 1)
+    w.value = encode_fragment_state(state);
+  else  // encoded inside the transaction, one segment at a time; `state` outlives the commit
+    w.segments = [&state, segment_bytes](const SegmentSink& sink) {
+      for_each_fragment_state_segment(state, segment_bytes, 1, sink);
+    };
+  writes.push_back(std::move(w));
 }
 
 // Fault injection (MergerFaults): the stop a test times on the Nth injected fault arrives as a real
@@ -438,7 +445,7 @@ void MergerProcess::commit(uint32_t p, MergeRecord& record, bool write_state) {
   }
   // The record's own position becomes the next checkpoint's starting point.
   if (auto position = writer_->commit(writes, offsets, *consumer_, true)) f.state.last_merge = *position;
-  if (write_state) state_pieces_[p] = piece_count(writes.back().value.size(), o_.config.codec.chunk_bytes);
+  if (write_state) state_pieces_[p] = writer_->records_written().back();
   book_.committed(offsets);
 }
 

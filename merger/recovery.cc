@@ -259,16 +259,19 @@ std::map<uint32_t, RecoveredFragment> recover_partition(const LogContext& contex
   }
   // Newest checkpoint of each fragment (the topic is compacted by fragment id, but until the
   // cleaner runs older versions are still there: keep the highest).
+  CheckpointReader checkpoints(ctx.limits);
   ctx.reader->read_to_end(
       {{ctx.topics.state(), partition, -2}},
       [&](const ConsumedMessage& m) {
         if (m.tombstone) return;
         try {
-          FragmentState s = decode_fragment_state(m.value, ctx.limits);
+          auto read = checkpoints.add(m);
+          if (!read) return;
+          FragmentState& s = read->state;
           auto it = out.find(s.fragment);
           if (it != out.end() && (it->second.state.run_id.empty() || s.version >= it->second.state.version)) {
             it->second.state = std::move(s);
-            it->second.state_pieces = m.pieces;
+            it->second.state_pieces = read->records;
           }
         } catch (const Rejection&) {
           // A corrupt checkpoint is skipped: an older one plus the merge log rebuilds the same.

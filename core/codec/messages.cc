@@ -9,6 +9,7 @@
 
 #include <xxhash.h>
 
+#include <array>
 #include <cmath>
 #include <memory>
 
@@ -257,62 +258,107 @@ FragmentParams apply_fragment_update(const FragmentParams& held, const FragmentP
 
 // ---- FragmentState --------------------------------------------------------------------------
 
-std::vector<uint8_t> encode_fragment_state(const FragmentState& msg, int zstd_level) {
-  // A builder of its own, sized up front: a checkpoint is the largest message (12 bytes per
-  // parameter and more), so the thread's scratch builder would grow in steps (holding the old
-  // and the new buffer at each) and then keep that size for good.
-  uint64_t estimate = 1 << 16;
-  for (const auto* list : {&msg.params, &msg.momentum, &msg.outer_state, &msg.downlink_residual})
-    for (const auto& t : *list) estimate += t.values.size() * 4 + 256;
-  estimate += (msg.consumed.size() + msg.recent.size()) * 96 + (msg.accounted.size() + msg.merged_bases.size()) * 96;
-  flatbuffers::FlatBufferBuilder fbb(std::min<uint64_t>(estimate, FLATBUFFERS_MAX_BUFFER_SIZE));
-  const auto params = add_dense(fbb, msg.params, kStateCodec);
-  const auto momentum = add_dense(fbb, msg.momentum, kStateCodec);
-  const auto outer_state = add_dense(fbb, msg.outer_state, kStateCodec);
-  const auto downlink_residual = add_dense(fbb, msg.downlink_residual, kStateCodec);
-  std::vector<flatbuffers::Offset<wire::LogPosition>> consumed;
-  consumed.reserve(msg.consumed.size());
-  for (const auto& p : msg.consumed) consumed.push_back(add_position(fbb, p));
-  const auto consumed_vector = fbb.CreateVector(consumed);
-  const auto last_merge = msg.last_merge ? add_position(fbb, *msg.last_merge) : 0;
-  auto learner_seqs = [&](const std::map<std::string, uint64_t>& by_learner) {
-    std::vector<flatbuffers::Offset<wire::LearnerSeq>> out;
-    out.reserve(by_learner.size());
-    for (const auto& [learner, seq] : by_learner)
-      out.push_back(wire::CreateLearnerSeq(fbb, fbb.CreateString(learner), seq));
-    return fbb.CreateVector(out);
-  };
-  const auto accounted_vector = learner_seqs(msg.accounted);
-  const auto merged_bases_vector = learner_seqs(msg.merged_bases);
-  std::vector<flatbuffers::Offset<wire::LogPosition>> recent;
-  recent.reserve(msg.recent.size());
-  for (const auto& p : msg.recent) recent.push_back(add_position(fbb, p));
-  const auto recent_vector = fbb.CreateVector(recent);
+namespace {
+
+// The checkpoint's tensor lists, in the order every segment carries them.
+std::array<const std::vector<DenseTensor>*, 4> state_lists(const FragmentState& msg) {
+  return {&msg.params, &msg.momentum, &msg.outer_state, &msg.downlink_residual};
+}
+
+uint64_t fragment_values(const std::vector<DenseTensor>& tensors) {
+  uint64_t n = 0;
+  for (const auto& t : tensors) n += t.values.size();
+  return n;
+}
+
+// Bytes of values per value of params: 4 for every list the checkpoint has.
+uint64_t state_bytes_per_value(const FragmentState& msg) {
+  uint64_t lists = 0;
+  for (const auto* list : state_lists(msg)) lists += list->empty() ? 0 : 1;
+  return 4 * lists;
+}
+
+struct SegmentRange {
+  uint32_t index = 0;
+  uint32_t count = 1;
+  uint64_t first = 0;
+  uint64_t values = 0;
+};
+
+// The whole checkpoint (segment null), or one segment of it: the tensor lists' range of values,
+// and in segment 0 everything else the checkpoint has. Built in a builder of its own, sized up
+// front: a checkpoint is the largest message (12 bytes per parameter and more), so the thread's
+// scratch builder would grow in steps (holding the old and the new buffer at each) and then keep
+// that size for good.
+std::vector<uint8_t> build_fragment_state(const FragmentState& msg, const SegmentRange* segment, int zstd_level) {
   DILOCO_ENFORCE(msg.layout != nullptr, "encode_fragment_state needs the run's layout");
   DILOCO_ENFORCE(msg.layout->fingerprint == msg.fingerprint, "a checkpoint's layout must give its fingerprint");
-  const auto layout = add_model_layout(fbb, *msg.layout);
+  const bool head = segment == nullptr || segment->index == 0;
+  uint64_t estimate = 1 << 16;
+  if (segment)
+    estimate += segment->values * state_bytes_per_value(msg) + 4096;
+  else
+    for (const auto* list : state_lists(msg))
+      for (const auto& t : *list) estimate += t.values.size() * 4 + 256;
+  if (head)
+    estimate += (msg.consumed.size() + msg.recent.size()) * 96 + (msg.accounted.size() + msg.merged_bases.size()) * 96;
+  flatbuffers::FlatBufferBuilder fbb(std::min<uint64_t>(estimate, FLATBUFFERS_MAX_BUFFER_SIZE));
+  auto add_list = [&](const std::vector<DenseTensor>& list) {
+    if (!segment) return add_dense(fbb, list, kStateCodec);
+    if (list.empty()) return fbb.CreateVector(std::vector<flatbuffers::Offset<wire::Tensor>>{});
+    return add_dense_range(fbb, list, segment->first, segment->values, kStateCodec);
+  };
+  const auto params = add_list(msg.params);
+  const auto momentum = add_list(msg.momentum);
+  const auto outer_state = add_list(msg.outer_state);
+  const auto downlink_residual = add_list(msg.downlink_residual);
+  flatbuffers::Offset<flatbuffers::Vector<flatbuffers::Offset<wire::LogPosition>>> consumed_vector = 0;
+  flatbuffers::Offset<flatbuffers::Vector<flatbuffers::Offset<wire::LearnerSeq>>> accounted_vector = 0;
+  flatbuffers::Offset<flatbuffers::Vector<flatbuffers::Offset<wire::LearnerSeq>>> merged_bases_vector = 0;
+  flatbuffers::Offset<flatbuffers::Vector<flatbuffers::Offset<wire::LogPosition>>> recent_vector = 0;
+  flatbuffers::Offset<wire::LogPosition> last_merge = 0;
+  flatbuffers::Offset<wire::ModelLayout> layout = 0;
+  if (head) {
+    std::vector<flatbuffers::Offset<wire::LogPosition>> consumed;
+    consumed.reserve(msg.consumed.size());
+    for (const auto& p : msg.consumed) consumed.push_back(add_position(fbb, p));
+    consumed_vector = fbb.CreateVector(consumed);
+    if (msg.last_merge) last_merge = add_position(fbb, *msg.last_merge);
+    auto learner_seqs = [&](const std::map<std::string, uint64_t>& by_learner) {
+      std::vector<flatbuffers::Offset<wire::LearnerSeq>> out;
+      out.reserve(by_learner.size());
+      for (const auto& [learner, seq] : by_learner)
+        out.push_back(wire::CreateLearnerSeq(fbb, fbb.CreateString(learner), seq));
+      return fbb.CreateVector(out);
+    };
+    accounted_vector = learner_seqs(msg.accounted);
+    merged_bases_vector = learner_seqs(msg.merged_bases);
+    std::vector<flatbuffers::Offset<wire::LogPosition>> recent;
+    recent.reserve(msg.recent.size());
+    for (const auto& p : msg.recent) recent.push_back(add_position(fbb, p));
+    recent_vector = fbb.CreateVector(recent);
+    layout = add_model_layout(fbb, *msg.layout);
+  }
+  const auto segment_table =
+      segment ? wire::CreateSegment(fbb, segment->index, segment->count, segment->first, segment->values) : 0;
   const auto run_id = fbb.CreateString(msg.run_id);
   const uint64_t checksum = msg.checksum ? msg.checksum : checksum_fp32(msg.params);
-  const auto root =
-      wire::CreateFragmentState(fbb, kSchemaVersion, run_id, msg.fingerprint, msg.fragment,
-                                msg.version, params, momentum, consumed_vector, last_merge,
-                                checksum, accounted_vector, outer_state, merged_bases_vector,
-                                recent_vector, downlink_residual, layout,
-                                msg.optimizer ? flatbuffers::Optional<uint8_t>(static_cast<uint8_t>(*msg.optimizer))
-                                              : flatbuffers::nullopt,
-                                msg.optimizer_since);
+  const auto root = wire::CreateFragmentState(
+      fbb, segment ? kSegmentSchemaVersion : kSchemaVersion, run_id, msg.fingerprint, msg.fragment, msg.version,
+      params, momentum, consumed_vector, last_merge, checksum, accounted_vector, outer_state, merged_bases_vector,
+      recent_vector, downlink_residual, layout,
+      head && msg.optimizer ? flatbuffers::Optional<uint8_t>(static_cast<uint8_t>(*msg.optimizer))
+                            : flatbuffers::nullopt,
+      head ? msg.optimizer_since : 0, segment_table);
   wire::FinishFragmentStateBuffer(fbb, root);
   return compress_finished(fbb, zstd_level);
 }
 
-FragmentState decode_fragment_state(std::span<const uint8_t> bytes, const DecodeLimits& limits, StateParts parts) {
-  struct Release {
-    ~Release() { release_large_scratch(); }
-  } release;  // after the copy out, and on a rejection too
-  const auto& m = open_root<wire::FragmentState>(bytes, limits, wire::VerifyFragmentStateBuffer,
-                                                 "FragmentState");
-  FragmentState out;
-  const auto& specs = self_described_specs(m.layout(), m.fingerprint(), m.fragment(), limits, out.layout);
+// Everything of a whole checkpoint or of a streamed one's segment 0 but the tensor lists: the
+// header, the bookkeeping, the optimizer. `specs` is set to the fragment's tensors.
+void read_state_head(const wire::FragmentState& m, const DecodeLimits& limits, FragmentState& out,
+                     const std::vector<TensorSpec>*& specs) {
+  specs = &self_described_specs(m.layout(), m.fingerprint(), m.fragment(), limits, out.layout);
   out.run_id = m.run_id()->str();
   out.fingerprint = m.fingerprint();
   out.fragment = m.fragment();
@@ -336,17 +382,6 @@ FragmentState decode_fragment_state(std::span<const uint8_t> bytes, const Decode
   read_learner_seqs(m.merged_bases(), "merged_bases", out.merged_bases);
   if (m.recent())
     for (const auto* p : *m.recent()) out.recent.insert(read_position(p, "recent"));
-  decode_tensors(m.params(), specs, kStateCodec, "params", out.params);
-  const bool all = parts == StateParts::All;
-  // No momentum (an optimizer without one) is an empty list; otherwise it mirrors params.
-  if (all && m.momentum() && m.momentum()->size() != 0)
-    decode_tensors(m.momentum(), specs, kStateCodec, "momentum", out.momentum);
-  // Absent in states of Nesterov and Sgd and in older checkpoints; otherwise it mirrors params.
-  if (all && m.outer_state() && m.outer_state()->size() != 0)
-    decode_tensors(m.outer_state(), specs, kStateCodec, "outer_state", out.outer_state);
-  // Absent with an fp32 downlink and in older checkpoints; otherwise it mirrors params.
-  if (all && m.downlink_residual() && m.downlink_residual()->size() != 0)
-    decode_tensors(m.downlink_residual(), specs, kStateCodec, "downlink_residual", out.downlink_residual);
   if (m.optimizer().has_value()) {
     if (*m.optimizer() > static_cast<uint8_t>(OuterOptimizerKind::Cgad))
       throw Rejection(RejectReason::BadFlatbuffer,
@@ -357,7 +392,190 @@ FragmentState decode_fragment_state(std::span<const uint8_t> bytes, const Decode
   if (out.optimizer_since > out.version)
     throw Rejection(RejectReason::BadFlatbuffer, detail::concat("FragmentState.optimizer_since ", out.optimizer_since,
                                                                 " is above its version ", out.version));
+}
+
+bool has_tensors(const TensorVector* list) { return list && list->size() != 0; }
+
+// The frame opened and checked as far as every FragmentState message goes: verifier, run id,
+// and a schema version that says whole (1, no segment) or segment (2, with one).
+const wire::FragmentState& open_state(std::span<const uint8_t> bytes, const DecodeLimits& limits) {
+  const auto buf = open_frame(bytes, limits, wire::VerifyFragmentStateBuffer, "FragmentState");
+  const auto& m = *flatbuffers::GetRoot<wire::FragmentState>(buf.data());
+  const bool segment = m.segment() != nullptr;
+  if (m.schema_version() != (segment ? kSegmentSchemaVersion : kSchemaVersion))
+    reject(RejectReason::UnknownSchemaVersion,
+           detail::concat("FragmentState: schema version ", m.schema_version(),
+                          segment ? " for a segment (segments are version " : " (this build reads ",
+                          segment ? kSegmentSchemaVersion : kSchemaVersion, ")"));
+  check_run_id(m.run_id(), limits);
+  return m;
+}
+
+}  // namespace
+
+std::vector<uint8_t> encode_fragment_state(const FragmentState& msg, int zstd_level) {
+  return build_fragment_state(msg, nullptr, zstd_level);
+}
+
+FragmentState decode_fragment_state(std::span<const uint8_t> bytes, const DecodeLimits& limits, StateParts parts) {
+  struct Release {
+    ~Release() { release_large_scratch(); }
+  } release;  // after the copy out, and on a rejection too
+  const auto& m = open_state(bytes, limits);
+  if (m.segment())
+    reject(RejectReason::ChunkMismatch,
+           detail::concat("FragmentState: segment ", m.segment()->index(), " of ", m.segment()->count(),
+                          " of a streamed checkpoint (read it with a FragmentStateAssembler)"));
+  FragmentState out;
+  const std::vector<TensorSpec>* specs = nullptr;
+  read_state_head(m, limits, out, specs);
+  decode_tensors(m.params(), *specs, kStateCodec, "params", out.params);
+  const bool all = parts == StateParts::All;
+  // No momentum (an optimizer without one) is an empty list; otherwise it mirrors params.
+  if (all && has_tensors(m.momentum())) decode_tensors(m.momentum(), *specs, kStateCodec, "momentum", out.momentum);
+  // Absent in states of Nesterov and Sgd and in older checkpoints; otherwise it mirrors params.
+  if (all && has_tensors(m.outer_state()))
+    decode_tensors(m.outer_state(), *specs, kStateCodec, "outer_state", out.outer_state);
+  // Absent with an fp32 downlink and in older checkpoints; otherwise it mirrors params.
+  if (all && has_tensors(m.downlink_residual()))
+    decode_tensors(m.downlink_residual(), *specs, kStateCodec, "downlink_residual", out.downlink_residual);
   check_checksum(out.checksum, out.params, "FragmentState");
+  return out;
+}
+
+// ---- streamed checkpoints -------------------------------------------------------------------
+
+uint32_t fragment_state_segments(const FragmentState& msg, uint64_t segment_bytes) {
+  if (segment_bytes == 0) throw InvalidInput("segment bytes must be positive");
+  const uint64_t per_value = state_bytes_per_value(msg);
+  const uint64_t total = fragment_values(msg.params);
+  if (per_value == 0 || total == 0) return 1;
+  const uint64_t values = std::max<uint64_t>(1, segment_bytes / per_value);
+  const uint64_t count = (total + values - 1) / values;
+  if (count > kMaxSegments)
+    throw InvalidInput(detail::concat("a checkpoint of ", total * per_value, " bytes of values in segments of ",
+                                      segment_bytes, " bytes takes ", count, " segments, above ", kMaxSegments));
+  return static_cast<uint32_t>(count);
+}
+
+void for_each_fragment_state_segment(const FragmentState& msg, uint64_t segment_bytes, int zstd_level,
+                                     const SegmentSink& emit) {
+  const uint32_t count = fragment_state_segments(msg, segment_bytes);
+  if (count == 1) {
+    emit(0, 1, build_fragment_state(msg, nullptr, zstd_level));
+    return;
+  }
+  const uint64_t total = fragment_values(msg.params);
+  for (const auto* list : state_lists(msg))
+    if (!list->empty() && fragment_values(*list) != total)
+      throw InvalidInput("a checkpoint's tensor lists must hold as many values as its params");
+  const uint64_t per_segment = (total + count - 1) / count;
+  SegmentRange range{.index = 0, .count = count};
+  for (; range.index < count; ++range.index) {
+    range.first = uint64_t{range.index} * per_segment;
+    range.values = std::min(per_segment, total - range.first);
+    emit(range.index, count, build_fragment_state(msg, &range, zstd_level));
+  }
+}
+
+FragmentStateAssembler::FragmentStateAssembler(DecodeLimits limits, StateParts parts)
+    : limits_(std::move(limits)), parts_(parts) {}
+
+void FragmentStateAssembler::reset() {
+  state_ = FragmentState{};
+  next_ = 0;
+  count_ = 0;
+  next_value_ = 0;
+  lists_ = {};
+}
+
+std::optional<FragmentState> FragmentStateAssembler::add(std::span<const uint8_t> bytes) {
+  struct Release {
+    ~Release() { release_large_scratch(); }
+  } release;
+  try {
+    return add_opened(bytes);
+  } catch (...) {
+    reset();
+    throw;
+  }
+}
+
+std::optional<FragmentState> FragmentStateAssembler::add_opened(std::span<const uint8_t> bytes) {
+  const auto& m = open_state(bytes, limits_);
+  const auto* segment = m.segment();
+  if (!segment) {
+    if (next_ != 0)
+      reject(RejectReason::ChunkMissing,
+             detail::concat("FragmentState: a whole checkpoint of fragment ", m.fragment(), " where segment ", next_,
+                            " of ", count_, " of version ", state_.version, " was due"));
+    return decode_fragment_state(bytes, limits_, parts_);
+  }
+  if (segment->index() != next_) {
+    if (next_ == 0)
+      reject(RejectReason::ChunkMissing,
+             detail::concat("FragmentState: segment ", segment->index(), " of ", segment->count(), " of fragment ",
+                            m.fragment(), " version ", m.version(), " without its segment 0"));
+    reject(RejectReason::ChunkMismatch,
+           detail::concat("FragmentState: segment ", segment->index(), " where segment ", next_, " of ", count_,
+                          " was due"));
+  }
+  if (next_ == 0) {
+    if (segment->count() < 2 || segment->count() > kMaxSegments)
+      reject(RejectReason::BadCounter, detail::concat("FragmentState: a streamed checkpoint of ", segment->count(),
+                                                      " segments (2 to ", kMaxSegments, ")"));
+    read_state_head(m, limits_, state_, specs_);
+    count_ = segment->count();
+    total_ = 0;
+    for (const auto& spec : *specs_) total_ += static_cast<uint64_t>(spec.numel());
+    const std::array<const TensorVector*, 4> lists{m.params(), m.momentum(), m.outer_state(), m.downlink_residual()};
+    auto into = std::array<std::vector<DenseTensor>*, 4>{&state_.params, &state_.momentum, &state_.outer_state,
+                                                         &state_.downlink_residual};
+    for (size_t l = 0; l < lists.size(); ++l) {
+      lists_[l] = has_tensors(lists[l]);
+      if (!lists_[l] || (l > 0 && parts_ == StateParts::ParamsOnly)) continue;
+      into[l]->resize(specs_->size());
+      for (size_t k = 0; k < specs_->size(); ++k) {
+        (*into[l])[k].index = static_cast<uint32_t>(k);
+        (*into[l])[k].shape = (*specs_)[k].shape;
+        (*into[l])[k].values.resize(static_cast<size_t>((*specs_)[k].numel()));
+      }
+    }
+    if (!lists_[0]) reject(RejectReason::MissingField, "FragmentState: segment 0 without params");
+  } else {
+    if (segment->count() != count_ || m.fingerprint() != state_.fingerprint || m.fragment() != state_.fragment ||
+        m.version() != state_.version || m.checksum() != state_.checksum)
+      reject(RejectReason::ChunkMismatch,
+             detail::concat("FragmentState: segment ", next_, " (fragment ", m.fragment(), ", version ", m.version(),
+                            ", of ", segment->count(), ") does not continue fragment ", state_.fragment, " version ",
+                            state_.version, " (of ", count_, ")"));
+  }
+  if (segment->first() != next_value_ || segment->values() == 0 || segment->values() > total_ - next_value_)
+    reject(RejectReason::ChunkMismatch,
+           detail::concat("FragmentState: segment ", next_, " holds values ", segment->first(), " + ",
+                          segment->values(), ", the checkpoint's next value is ", next_value_, " of ", total_));
+  const bool last = next_ + 1 == count_;
+  if (last && segment->first() + segment->values() != total_)
+    reject(RejectReason::ChunkMismatch,
+           detail::concat("FragmentState: the last segment ends at value ", segment->first() + segment->values(),
+                          ", the fragment holds ", total_));
+  const std::array<const TensorVector*, 4> lists{m.params(), m.momentum(), m.outer_state(), m.downlink_residual()};
+  const std::array<std::vector<DenseTensor>*, 4> into{&state_.params, &state_.momentum, &state_.outer_state,
+                                                      &state_.downlink_residual};
+  static constexpr std::array<const char*, 4> kNames{"params", "momentum", "outer_state", "downlink_residual"};
+  for (size_t l = 0; l < lists.size(); ++l) {
+    if (has_tensors(lists[l]) != lists_[l])
+      reject(RejectReason::ChunkMismatch, detail::concat("FragmentState: segment ", next_, lists_[l] ? " lacks " : " has ",
+                                                         kNames[l], ", segment 0 ", lists_[l] ? "has" : "had none"));
+    if (lists_[l] && (l == 0 || parts_ == StateParts::All))
+      decode_dense_range(lists[l], *specs_, kStateCodec, kNames[l], segment->first(), segment->values(), *into[l]);
+  }
+  next_value_ += segment->values();
+  ++next_;
+  if (!last) return std::nullopt;
+  check_checksum(state_.checksum, state_.params, "FragmentState");
+  FragmentState out = std::move(state_);
+  reset();
   return out;
 }
 

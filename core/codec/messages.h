@@ -4,7 +4,9 @@
 // shapes against the layout, finite values and sane counters; any failure throws Rejection.
 #pragma once
 
+#include <array>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <set>
@@ -286,6 +288,59 @@ enum class StateParts { All, ParamsOnly };
 // layout the message carries (BadLayout otherwise), and the tensors are checked against it.
 FragmentState decode_fragment_state(std::span<const uint8_t> bytes, const DecodeLimits& limits,
                                     StateParts parts = StateParts::All);
+
+// ---- Streamed checkpoints (schemas/common.fbs Segment) ----------------------------------------
+// A checkpoint too large for one FlatBuffer (2 GiB: about 170M parameters with Nesterov and a
+// quantized downlink) or for one piece of a process's memory travels as segments: each a whole,
+// strictly decoded FragmentState of schema version 2 holding a range of the values of every
+// tensor list; segment 0 also carries the bookkeeping and the layout. A sender holds one encoded
+// segment at a time, a reader decodes each into place: neither ever holds the encoded checkpoint.
+inline constexpr uint16_t kSegmentSchemaVersion = 2;
+inline constexpr uint32_t kMaxSegments = 1u << 20;
+
+// Called with each segment in order: its index, the count, and its bytes (valid during the call).
+using SegmentSink = std::function<void(uint32_t index, uint32_t count, std::span<const uint8_t> bytes)>;
+
+// How many segments `msg` takes with at most `segment_bytes` of values in each (its tensor lists
+// counted together, 4 bytes a value): 1 when they fit, and it then travels as one whole message.
+// InvalidInput for a segment_bytes of 0 or more than kMaxSegments segments.
+uint32_t fragment_state_segments(const FragmentState& msg, uint64_t segment_bytes);
+// Encodes `msg` as fragment_state_segments(msg, segment_bytes) segments, emitting each as soon as
+// it is built (one segment: the whole message, as encode_fragment_state writes it).
+void for_each_fragment_state_segment(const FragmentState& msg, uint64_t segment_bytes, int zstd_level,
+                                     const SegmentSink& emit);
+
+// Reads a checkpoint's messages in the order they were written. A whole checkpoint comes back at
+// once (decode_fragment_state); a segment is decoded into place and the checkpoint comes back with
+// its last segment, its params' checksum verified. One checkpoint at a time: the reader's memory
+// is the decoded checkpoint (only params with StateParts::ParamsOnly) and one segment.
+class FragmentStateAssembler {
+ public:
+  explicit FragmentStateAssembler(DecodeLimits limits, StateParts parts = StateParts::All);
+  // Throws Rejection for a message that fails strict decoding (its own reason), a segment other
+  // than the next one of the checkpoint begun or a whole checkpoint in its middle (ChunkMismatch,
+  // ChunkMissing: a segment past 0 with none begun), or one that disagrees with segment 0
+  // (ChunkMismatch: fragment, version, checksum, count, its range of values or its lists). The
+  // checkpoint begun is dropped then: the next one starts at a segment 0 or a whole message.
+  std::optional<FragmentState> add(std::span<const uint8_t> bytes);
+  // Whether a streamed checkpoint is begun and not complete.
+  bool pending() const { return next_ != 0; }
+  // Drops the checkpoint begun.
+  void reset();
+
+ private:
+  std::optional<FragmentState> add_opened(std::span<const uint8_t> bytes);
+
+  DecodeLimits limits_;
+  StateParts parts_;
+  FragmentState state_;
+  const std::vector<TensorSpec>* specs_ = nullptr;
+  uint32_t next_ = 0;  // the segment due
+  uint32_t count_ = 0;
+  uint64_t next_value_ = 0;
+  uint64_t total_ = 0;  // values of the fragment (of each list)
+  std::array<bool, 4> lists_{};  // params, momentum, outer_state, downlink_residual present
+};
 
 // ---- GenesisProposal --------------------------------------------------------------------------
 // A learner's initial values of one fragment, proposed as its version 0 (schemas/genesis.fbs).

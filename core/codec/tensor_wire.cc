@@ -94,12 +94,9 @@ void check_scales(std::span<const float> scales, const std::string& what) {
   }
 }
 
-void check_tensor(const wire::Tensor& t, size_t k, const std::vector<TensorSpec>& specs,
-                  const WireCodec& codec) {
+// The tensor's shape against the layout's tensor k (ShapeMismatch).
+void check_shape(const wire::Tensor& t, size_t k, const std::vector<TensorSpec>& specs) {
   const TensorSpec& spec = specs[k];
-  if (t.index() != k)
-    reject(RejectReason::ShapeMismatch,
-           detail::concat("tensor at position ", k, " has index ", t.index()));
   const size_t rank = t.shape() ? t.shape()->size() : 0;
   if (rank != spec.shape.size())  // before copying: a hostile shape can be huge
     reject(RejectReason::ShapeMismatch, detail::concat(tensor_name(specs, k), ": rank ", rank,
@@ -113,7 +110,18 @@ void check_tensor(const wire::Tensor& t, size_t k, const std::vector<TensorSpec>
     reject(RejectReason::ShapeMismatch,
            tensor_name(specs, k) + ": shape [" + got + "], layout says [" + want + "]");
   }
-  const int64_t n = spec.numel();
+}
+
+void check_tensor(const wire::Tensor& t, size_t k, const std::vector<TensorSpec>& specs,
+                  const WireCodec& codec) {
+  if (t.index() != k)
+    reject(RejectReason::ShapeMismatch,
+           detail::concat("tensor at position ", k, " has index ", t.index()));
+  check_shape(t, k, specs);
+  if (t.offset() != 0)
+    reject(RejectReason::ShapeMismatch,
+           detail::concat(tensor_name(specs, k), ": offset ", t.offset(), " in a whole message"));
+  const int64_t n = specs[k].numel();
   const size_t scales = t.scales() ? t.scales()->size() : 0;
   const size_t want_scales = num_blocks(codec.dtype, codec.block_size, n);
   if (scales != want_scales)
@@ -159,6 +167,17 @@ void decode_tensor(const wire::Tensor& t, const WireCodec& codec, DenseTensor& o
     payload = staging;
   }
   dequantize_into(codec.dtype, codec.block_size, scales, payload, out.values);
+}
+
+// The caller's tensor holds as many values as its shape says (InvalidInput otherwise).
+void check_values_fit_shape(const DenseTensor& t) {
+  int64_t numel = 1;
+  for (auto d : t.shape)
+    if (d < 0 || __builtin_mul_overflow(numel, d, &numel))
+      throw InvalidInput(detail::concat("tensor ", t.index, ": bad dimension ", d));
+  if (static_cast<size_t>(numel) != t.values.size())
+    throw InvalidInput(detail::concat("tensor ", t.index, ": shape holds ", numel, " values, got ",
+                                      t.values.size()));
 }
 
 }  // namespace
@@ -342,13 +361,7 @@ flatbuffers::Offset<TensorVector> add_dense(flatbuffers::FlatBufferBuilder& fbb,
   std::vector<flatbuffers::Offset<wire::Tensor>> offsets;
   offsets.reserve(tensors.size());
   for (const auto& t : tensors) {
-    int64_t numel = 1;
-    for (auto d : t.shape)
-      if (d < 0 || __builtin_mul_overflow(numel, d, &numel))
-        throw InvalidInput(detail::concat("tensor ", t.index, ": bad dimension ", d));
-    if (static_cast<size_t>(numel) != t.values.size())
-      throw InvalidInput(detail::concat("tensor ", t.index, ": shape holds ", numel,
-                                        " values, got ", t.values.size()));
+    check_values_fit_shape(t);
     const size_t n = t.values.size();
     const size_t bytes = payload_bytes(codec.dtype, static_cast<int64_t>(n));
     if (bytes + (fbb.GetSize() + (64 << 10)) >= FLATBUFFERS_MAX_BUFFER_SIZE)
@@ -515,6 +528,84 @@ void decode_quantized(const TensorVector* tensors, const std::vector<TensorSpec>
     const auto payload = span_of(t.payload());
     q.payload.assign(payload.begin(), payload.end());
   }
+}
+
+// ---- value ranges (streamed messages) ---------------------------------------------------------
+
+flatbuffers::Offset<TensorVector> add_dense_range(flatbuffers::FlatBufferBuilder& fbb,
+                                                  std::span<const DenseTensor> tensors, uint64_t first,
+                                                  uint64_t count, const WireCodec& codec) {
+  DILOCO_ENFORCE(codec.dtype == DType::F32, "value ranges are written as fp32, not ", dtype_name(codec.dtype));
+  std::vector<flatbuffers::Offset<wire::Tensor>> offsets;
+  const uint64_t end = first + count;
+  uint64_t start = 0;  // of tensor t, counted over the tensors before it
+  for (const auto& t : tensors) {
+    check_values_fit_shape(t);
+    const uint64_t n = t.values.size();
+    const uint64_t lo = std::max(first, start);
+    const uint64_t hi = std::min(end, start + n);
+    if (lo < hi) {
+      const size_t bytes = (hi - lo) * 4;
+      if (bytes + (fbb.GetSize() + (64 << 10)) >= FLATBUFFERS_MAX_BUFFER_SIZE)
+        throw InvalidInput("a segment above the 2 GiB FlatBuffers limit (segment bytes too large)");
+      uint8_t* payload_ptr = nullptr;
+      const auto payload = fbb.CreateUninitializedVector(bytes, &payload_ptr);
+      const auto* from = reinterpret_cast<const uint8_t*>(t.values.data() + (lo - start));
+      if (shuffled(codec))
+        byte_shuffle({from, bytes}, {payload_ptr, bytes}, 4);
+      else
+        std::memcpy(payload_ptr, from, bytes);
+      const auto shape = fbb.CreateVector(t.shape);
+      offsets.push_back(wire::CreateTensor(fbb, t.index, shape, 0, payload, 0, 0, lo - start));
+    }
+    start += n;
+  }
+  DILOCO_ENFORCE(end <= start, "values ", first, " to ", end, " of tensors holding ", start);
+  return fbb.CreateVector(offsets);
+}
+
+void decode_dense_range(const TensorVector* tensors, const std::vector<TensorSpec>& specs,
+                        const WireCodec& codec, const char* field, uint64_t first, uint64_t count,
+                        std::vector<DenseTensor>& out) {
+  DILOCO_ENFORCE(codec.dtype == DType::F32, "value ranges are read as fp32, not ", dtype_name(codec.dtype));
+  DILOCO_ENFORCE(out.size() == specs.size(), "decode_dense_range writes into tensors sized as the layout");
+  if (!tensors) reject(RejectReason::MissingField, std::string(field) + " is missing");
+  const uint64_t end = first + count;
+  uint64_t pos = first;  // the next value the slices must hold
+  size_t k = 0;          // the tensor holding `pos`, which starts at value `start`
+  uint64_t start = 0;
+  for (size_t j = 0; j < tensors->size(); ++j) {
+    if (pos >= end)
+      reject(RejectReason::ShapeMismatch,
+             detail::concat(field, ": ", tensors->size(), " slices, the segment's values end at slice ", j));
+    while (k < specs.size() && start + static_cast<uint64_t>(specs[k].numel()) <= pos)
+      start += static_cast<uint64_t>(specs[k++].numel());
+    DILOCO_ENFORCE(k < specs.size(), "a segment's range beyond its fragment's values (the caller checks it)");
+    const wire::Tensor& t = *tensors->Get(static_cast<flatbuffers::uoffset_t>(j));
+    if (t.index() != k || t.offset() != pos - start)
+      reject(RejectReason::ShapeMismatch,
+             detail::concat(field, ": slice ", j, " starts at value ", t.offset(), " of tensor ", t.index(),
+                            ", the segment's next value is ", pos - start, " of tensor ", k));
+    check_shape(t, k, specs);
+    const uint64_t len = std::min<uint64_t>(end, start + static_cast<uint64_t>(specs[k].numel())) - pos;
+    const size_t payload = t.payload() ? t.payload()->size() : 0;
+    if (payload != len * 4 || (t.scales() && t.scales()->size() != 0) || t.gaps() || t.values())
+      reject(RejectReason::BadCodec, detail::concat(tensor_name(specs, k), ": a slice of ", payload,
+                                                    " payload bytes (and scales or sparse fields: none expected), expected ",
+                                                    len * 4));
+    float* into = out[k].values.data() + (pos - start);
+    const std::span<uint8_t> into_bytes(reinterpret_cast<uint8_t*>(into), len * 4);
+    if (shuffled(codec))
+      byte_unshuffle(span_of(t.payload()), into_bytes, 4);
+    else if (len != 0)
+      std::memcpy(into_bytes.data(), t.payload()->Data(), len * 4);
+    if (!all_finite(into, len))
+      reject(RejectReason::NonFinite, tensor_name(specs, k) + ": NaN or Inf in values");
+    pos += len;
+  }
+  if (pos != end)
+    reject(RejectReason::ShapeMismatch,
+           detail::concat(field, ": the slices end at value ", pos, ", the segment's at ", end));
 }
 
 }  // namespace diloco::tensor_wire

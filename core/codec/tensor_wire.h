@@ -135,4 +135,20 @@ void decode_tensors(const TensorVector* tensors, const std::vector<TensorSpec>& 
 void decode_quantized(const TensorVector* tensors, const std::vector<TensorSpec>& specs,
                       const WireCodec& codec, const char* field, std::vector<QuantizedTensor>& out);
 
+// ---- value ranges (streamed messages, core/codec/segments.h) ---------------------------------
+// The values [first, first + count) of `tensors` (a fragment's tensors in layout order, their
+// values counted one tensor after another) as slices: one Tensor per tensor the range touches,
+// with the tensor's index and whole shape and `offset` the slice's first value in it. fp32 only.
+flatbuffers::Offset<TensorVector> add_dense_range(flatbuffers::FlatBufferBuilder& fbb,
+                                                  std::span<const DenseTensor> tensors, uint64_t first,
+                                                  uint64_t count, const WireCodec& codec);
+// Strict decoding of such slices into `out` (every tensor of the fragment, sized as the layout
+// says, which the caller did): the slices must tile [first, first + count) in layout order
+// (ShapeMismatch for an index, offset or shape that does not, or slices past the range), each
+// payload exactly its slice (BadCodec), finite values (NonFinite). The caller has checked that
+// the range lies within the fragment. Slices decoded before a rejection stay written.
+void decode_dense_range(const TensorVector* tensors, const std::vector<TensorSpec>& specs,
+                        const WireCodec& codec, const char* field, uint64_t first, uint64_t count,
+                        std::vector<DenseTensor>& out);
+
 }  // namespace diloco::tensor_wire

@@ -194,6 +194,7 @@ void parse_codec(const Section& s, RunConfig& c) {
     else if (key == "downlink_block_size") read(f, c.codec.downlink_block_size);
     else if (key == "downlink_topk") read(f, c.codec.downlink_topk);
     else if (key == "chunk_bytes") read(f, c.codec.chunk_bytes);
+    else if (key == "segment_bytes") read(f, c.codec.segment_bytes);
     else unknown_key(f);
   }
 }
@@ -444,6 +445,9 @@ void validate_run_config(const RunConfig& c) {
   }
   check(c.codec.chunk_bytes >= 4096 && c.codec.chunk_bytes <= (1ull << 30), c,
         "codec.chunk_bytes must be between 4096 and 1073741824 (1 GiB)");
+  check(c.codec.segment_bytes >= 4096 && c.codec.segment_bytes <= (1ull << 30), c,
+        "codec.segment_bytes must be between 4096 and 1073741824 (1 GiB: a segment must stay below the 2 GiB "
+        "a FlatBuffer can address)");
   check(c.codec.zstd_level >= 1 && c.codec.zstd_level <= 22, c,
         "codec.zstd_level must be between 1 and 22");
 

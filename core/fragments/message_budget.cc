@@ -62,10 +62,18 @@ MessageBound largest_message(const RunConfig& config, const FragmentLayout& layo
   for (uint32_t p = 0; p < layout.num_fragments(); ++p) {
     const int64_t n = layout.fragment_numel(p);
     const size_t tensors = layout.fragments[p].size();
+    // A checkpoint above codec.segment_bytes of values travels streamed: its largest message is
+    // a segment (core/codec/messages.h fragment_state_segments).
+    const uint64_t buffers = 2 + (outer ? 1 : 0) + (residual ? 1 : 0);
+    const uint64_t state_values = buffers * payload_bytes(DType::F32, n);
+    const uint64_t checkpoint =
+        state_values <= config.codec.segment_bytes
+            ? state_bytes_bound(n, tensors, outer, residual)
+            : framed(config.codec.segment_bytes, buffers * tensors, kStateBookkeepingBytes);
     const MessageBound candidates[] = {
         {"delta", p, n, delta_bytes_bound(n, tensors, config.codec.dtype, config.codec.block_size)},
         {"parameters", p, n, params_bytes_bound(n, tensors) + layout_bytes},
-        {"checkpoint", p, n, state_bytes_bound(n, tensors, outer, residual) + layout_bytes},
+        {"checkpoint", p, n, checkpoint + layout_bytes},
     };
     for (const auto& c : candidates)
       if (c.bytes > largest.bytes) largest = c;
@@ -99,35 +107,24 @@ void check_message_sizes(const RunConfig& config, const FragmentLayout& layout, 
   check_chunk_bytes(config, max_record_bytes);
   const MessageBound largest = largest_message(config, layout);
   if (largest.bytes <= kMaxLogicalMessageBytes) return;
-  const bool outer = keeps_outer_state(config);
-  const bool residual = keeps_residual(config);
   int64_t total = 0;
-  const TensorSpec* biggest = nullptr;
   for (const auto& fragment : layout.fragments)
-    for (const auto& t : fragment) {
-      total += t.numel();
-      if (!biggest || t.numel() > biggest->numel()) biggest = &t;
-    }
-  std::string way_out;
-  if (biggest && state_bytes_bound(biggest->numel(), 1, outer, residual) > kMaxLogicalMessageBytes) {
-    way_out = "tensor " + biggest->name + " alone (" + std::to_string(biggest->numel()) +
-              " parameters) is too large for any fragment count, since a tensor is not split across fragments: "
-              "use a smaller model";
-  } else {
-    // The largest fragment holds at least total / P parameters.
-    const uint64_t per_param = 4 * (2 + (outer ? 1 : 0) + (residual ? 1 : 0));
-    const uint64_t usable = kMaxLogicalMessageBytes - 2 * kStateBookkeepingBytes;
-    const uint64_t at_least = std::max<uint64_t>(layout.num_fragments() + 1,
-                                                 (static_cast<uint64_t>(total) * per_param + usable - 1) / usable);
-    way_out = "set diloco.fragments to at least " + std::to_string(at_least) + " (now " +
-              std::to_string(layout.num_fragments()) + ")";
-  }
+    for (const auto& t : fragment) total += t.numel();
+  // The largest whole message per parameter is the fp32 one (parameters, a proposal): checkpoints
+  // travel streamed, deltas are smaller. The largest fragment holds at least total / P parameters,
+  // and tensors larger than a fragment are cut into blocks of rows (core/fragments/partition.h).
+  const uint64_t per_param = 4;
+  const uint64_t usable = kMaxLogicalMessageBytes - kStateBookkeepingBytes;
+  const uint64_t at_least = std::max<uint64_t>(layout.num_fragments() + 1,
+                                               (static_cast<uint64_t>(total) * per_param + usable - 1) / usable);
   throw InvalidInput("fragment " + std::to_string(largest.fragment) + " has " + std::to_string(largest.numel) +
                      " parameters: its " + largest.kind + " message can reach " + std::to_string(largest.bytes) +
                      " bytes (" + std::to_string(mib(largest.bytes)) + " MiB), above the " +
                      std::to_string(kMaxLogicalMessageBytes) + "-byte limit of one message (" +
                      std::to_string(mib(kMaxLogicalMessageBytes)) + " MiB, what one FlatBuffer can hold; it travels in " +
-                     "chunks of codec.chunk_bytes, but is built and decoded whole); " + way_out);
+                     "chunks of codec.chunk_bytes, but is built and decoded whole: only checkpoints travel streamed); "
+                     "set diloco.fragments to at least " + std::to_string(at_least) + " (now " +
+                     std::to_string(layout.num_fragments()) + ")");
 }
 
 }  // namespace diloco

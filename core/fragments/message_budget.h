@@ -3,7 +3,9 @@
 // dn and cgad and the residual of a quantized downlink). Messages travel in chunks of
 // codec.chunk_bytes (core/codec/chunk.h), so what must fit one Kafka record (MAX_MESSAGE_BYTES in
 // broker_config/limits.env, KafkaOptions::max_message_bytes) is a chunk; a whole message must fit
-// one FlatBuffer (2 GiB), since it is still built and decoded in one buffer. A networked process
+// one FlatBuffer (2 GiB), since it is still built and decoded in one buffer. A checkpoint above
+// codec.segment_bytes of values travels streamed, so its largest message is one segment; deltas,
+// parameters and proposals are still whole messages. A networked process
 // checks both at start-up, so a model that cannot travel is refused with the numbers and the
 // setting to change instead of failing mid-run.
 #pragma once

@@ -9,18 +9,54 @@
 
 namespace diloco {
 
+CheckpointReader::CheckpointReader(DecodeLimits limits, StateParts parts) : assembler_(std::move(limits), parts) {}
+
+std::optional<CheckpointReader::Checkpoint> CheckpointReader::add(const ConsumedMessage& m) {
+  const bool was_pending = assembler_.pending();
+  std::optional<FragmentState> state;
+  try {
+    state = assembler_.add(m.value);
+  } catch (const Rejection& e) {
+    if (!was_pending && e.reason == RejectReason::ChunkMissing) return std::nullopt;  // a tail begun before the read
+    if (!was_pending) throw;
+    // The streamed checkpoint begun is cut short (the assembler dropped it): this record may
+    // start or be one of its own.
+    try {
+      state = assembler_.add(m.value);
+    } catch (const Rejection& again) {
+      if (again.reason == RejectReason::ChunkMissing) return std::nullopt;
+      throw;
+    }
+    return finish(m, std::move(state), false);
+  }
+  return finish(m, std::move(state), was_pending);
+}
+
+std::optional<CheckpointReader::Checkpoint> CheckpointReader::finish(const ConsumedMessage& m,
+                                                                     std::optional<FragmentState> state,
+                                                                     bool continued) {
+  if (!continued) {  // a whole checkpoint, or segment 0 of a streamed one
+    first_ = LogPosition{m.topic, m.partition, m.offset};
+    records_ = 0;
+  }
+  records_ += m.pieces;
+  if (!state) return std::nullopt;
+  return Checkpoint{.state = std::move(*state), .position = first_, .records = records_};
+}
+
 namespace {
 
 // Keeps the highest version of each fragment among the records read.
-void scan_record(StateScan& scan, const ConsumedMessage& m, const DecodeLimits& limits, StateParts parts) {
+void scan_record(StateScan& scan, CheckpointReader& reader, const ConsumedMessage& m) {
   ++scan.records;
   if (m.tombstone) return;
   try {
-    FragmentState state = decode_fragment_state(m.value, limits, parts);
-    auto it = scan.latest.find(state.fragment);
-    if (it == scan.latest.end() || state.version >= it->second.version) {
-      scan.positions[state.fragment] = LogPosition{m.topic, m.partition, m.offset};
-      scan.latest[state.fragment] = std::move(state);
+    auto read = reader.add(m);
+    if (!read) return;
+    auto it = scan.latest.find(read->state.fragment);
+    if (it == scan.latest.end() || read->state.version >= it->second.version) {
+      scan.positions[read->state.fragment] = read->position;
+      scan.latest[read->state.fragment] = std::move(read->state);
     }
   } catch (const Rejection&) {
     ++scan.rejected;
@@ -50,8 +86,9 @@ StateScan read_states(const KafkaOptions& kafka, const RunTopics& topics, const 
     for (;;) {
       const int64_t start = std::max(low, high - window);
       StateScan part;
+      CheckpointReader checkpoints(limits, parts);
       reader.read_to_end({{topics.state(), q, start}},
-                         [&](const ConsumedMessage& m) { scan_record(part, m, limits, parts); }, timeout_ms, &limits);
+                         [&](const ConsumedMessage& m) { scan_record(part, checkpoints, m); }, timeout_ms, &limits);
       scan.records += part.records;
       scan.rejected += part.rejected;
       const bool all = std::all_of(expected.begin(), expected.end(), [&](uint32_t p) { return part.latest.count(p); });

@@ -26,6 +26,32 @@ struct StateScan {
 StateScan read_states(const KafkaOptions& kafka, const RunTopics& topics, const DecodeLimits& limits,
                       uint32_t fragments, int timeout_ms = 60000, StateParts parts = StateParts::All);
 
+struct ConsumedMessage;
+
+// Checkpoints from the `state` topic's records in log order (chunks already put back together),
+// whole or streamed (core/codec/messages.h FragmentStateAssembler): the checkpoint a record
+// completes, with the position of its first record and the records it took.
+class CheckpointReader {
+ public:
+  explicit CheckpointReader(DecodeLimits limits, StateParts parts = StateParts::All);
+  struct Checkpoint {
+    FragmentState state;
+    LogPosition position;   // of its first record (a whole checkpoint's, or segment 0's)
+    uint32_t records = 0;   // the records it went out in (every piece of every segment)
+  };
+  // Throws Rejection for a record that fails strict decoding. A segment whose checkpoint began
+  // before the first record read (a read from the middle of the log) is skipped (nullopt); a
+  // streamed checkpoint cut short by a record that starts another is given up for the newer one.
+  std::optional<Checkpoint> add(const ConsumedMessage& m);
+
+ private:
+  std::optional<Checkpoint> finish(const ConsumedMessage& m, std::optional<FragmentState> state, bool continued);
+
+  FragmentStateAssembler assembler_;
+  LogPosition first_;
+  uint32_t records_ = 0;
+};
+
 class Consumer;
 
 // Where a process that follows `members` starts reading: the first record stamped at most

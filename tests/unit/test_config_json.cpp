@@ -56,6 +56,7 @@ downlink_dtype = "int8"
 downlink_block_size = 32
 downlink_topk = 5
 chunk_bytes = 65536
+segment_bytes = 1048576
 [data]
 path = "data/other.txt"
 split = "region"
@@ -124,7 +125,7 @@ TEST_CASE("run_config_json prints every field under its TOML name, and --set of 
       apply_override(rebuilt, section + "." + key + "=" + toml_literal(value));
       ++fields;
     }
-  CHECK(fields == 78);  // the keys the parser knows (core/config/run_config.cc)
+  CHECK(fields == 79);  // the keys the parser knows (core/config/run_config.cc)
   CHECK(run_config_json(rebuilt) == printed);
   CHECK(printed["train"]["batch"] == 5);
   CHECK(printed["codec"]["dtype"] == "int8");

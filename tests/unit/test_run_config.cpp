@@ -170,6 +170,9 @@ TEST_CASE("validation checks ranges and constraints between fields", "[config]")
   CHECK_THROWS_WITH(invalid("codec.downlink_topk=64"), Contains("codec.downlink_topk") && Contains("below the block size"));
   CHECK_NOTHROW(invalid("codec.topk=63"));
   CHECK_NOTHROW(invalid("codec.chunk_bytes=4096"));
+  CHECK_THROWS_WITH(invalid("codec.segment_bytes=4095"), Contains("codec.segment_bytes must be between 4096"));
+  CHECK_THROWS_WITH(invalid("codec.segment_bytes=1073741825"), Contains("2 GiB"));
+  CHECK_NOTHROW(invalid("codec.segment_bytes=1073741824"));
 }
 
 TEST_CASE("load_run_config reads a file, applies overrides, validates", "[config]") {

@@ -6,6 +6,7 @@
 
 #include "core/errors.h"
 #include "core/fragments/message_budget.h"
+#include "core/kafka/run_log.h"
 #include "core/kafka/security.h"
 
 namespace diloco {
@@ -157,6 +158,7 @@ std::map<uint32_t, FragmentLog> read_fragment_logs(const ReplayRun& run, int32_t
   const LogContext ctx = run.context();
   std::map<uint32_t, FragmentLog> out;
   for (uint32_t p : run.fragments_of(partition)) out[p];
+  CheckpointReader checkpoints(ctx.limits);
   run.reader->read_to_end(
       {{run.topics.state(), partition, -2}},
       [&](const ConsumedMessage& m) {
@@ -164,7 +166,10 @@ std::map<uint32_t, FragmentLog> read_fragment_logs(const ReplayRun& run, int32_t
         LogPosition position{m.topic, m.partition, m.offset};
         FragmentState s;
         try {
-          s = decode_fragment_state(m.value, ctx.limits);
+          auto read = checkpoints.add(m);
+          if (!read) return;  // a segment of a streamed checkpoint not yet complete
+          s = std::move(read->state);
+          position = read->position;
         } catch (const Rejection& e) {
           rejected(position, std::string("checkpoint: ") + e.what());
           return;

@@ -49,12 +49,18 @@ from .run_local import read_jsonl
 OPTIMIZERS = {"nesterov": [], "dn": ["merger.outer_lr=1.4"], "cgad": ["merger.outer_lr=0.02"]}
 
 # "{M}" in an override is replaced by the number of learners of the run.
-DECOUPLED_BASE = ["merger.quorum=1", "diloco.stagger=false", "codec.dtype=int4", "codec.downlink_dtype=int4"]
+# The rows' codecs mean the same on every config: a dense row sets no top-k and tiny's int4 blocks
+# of 64 also on a config with sparse deltas (configs/demo.toml), where an fp32 row would otherwise
+# be refused (a top-k needs int8 or int4) and an int4 row would send the config's sparse form.
+DENSE = ["codec.topk=0", "codec.downlink_topk=0"]
+FP32 = ["codec.dtype=fp32", "codec.downlink_dtype=fp32"] + DENSE
+INT4 = ["codec.dtype=int4", "codec.downlink_dtype=int4", "codec.block_size=64", "codec.downlink_block_size=64"] + DENSE
+DECOUPLED_BASE = ["merger.quorum=1", "diloco.stagger=false"] + INT4
 # The Decoupled rows run the defaults (diloco.adopt = rebase, diloco.cut_on_arrival = 0.5,
 # merger.grace_tau = 4, merger.grace_cap_steps = 2); --decoupled-set adds to them.
 DECOUPLED_POLICY = []
 # What the learners did before schedules met: staggered, overwrite on adoption, no early cuts.
-STAGGERED = ["merger.quorum=1", "diloco.stagger=true", "codec.dtype=int4", "codec.downlink_dtype=fp32",
+STAGGERED = ["merger.quorum=1", "diloco.stagger=true"] + INT4 + ["codec.downlink_dtype=fp32",
              "merger.optimizer=nesterov",
              "diloco.adopt=overwrite", "diloco.cut_on_arrival=0", "merger.grace_tau=2", "merger.grace_cap_steps=1"]
 
@@ -96,14 +102,12 @@ ROWS = [
 ] + [
     dict(name="per-step sync avg (fp32)", kind="cluster",
          overrides=["diloco.H=1", "diloco.fragments=1", "merger.quorum={M}", "diloco.wait_steps=0",
-                    "codec.dtype=fp32", "codec.downlink_dtype=fp32", "merger.optimizer=sgd", "merger.outer_lr=1", "merger.rule=avg",
+                    *FP32, "merger.optimizer=sgd", "merger.outer_lr=1", "merger.rule=avg",
                     "merger.share_scaling=false"]),
     dict(name="sync DiLoCo (fp32)", kind="cluster", headline=True, quick=True,
-         overrides=["merger.quorum={M}", "diloco.wait_steps=0", "codec.dtype=fp32", "codec.downlink_dtype=fp32",
-                    "merger.optimizer=nesterov"]),
+         overrides=["merger.quorum={M}", "diloco.wait_steps=0", *FP32, "merger.optimizer=nesterov"]),
     dict(name="sync DiLoCo (int4)", kind="cluster",
-         overrides=["merger.quorum={M}", "diloco.wait_steps=0", "codec.dtype=int4", "codec.downlink_dtype=int4",
-                    "merger.optimizer=nesterov"]),
+         overrides=["merger.quorum={M}", "diloco.wait_steps=0", *INT4, "merger.optimizer=nesterov"]),
 ] + [
     dict(name=decoupled_name(opt), kind="cluster", decoupled=True, headline=(opt == "nesterov"),
          quick=(opt == "nesterov"), overrides=DECOUPLED_BASE + DECOUPLED_POLICY + [f"merger.optimizer={opt}"] + extra)

@@ -348,3 +348,22 @@ def test_lever_trial_runs_tuned_points_on_the_tuning_seeds_and_only_with_tuned(t
     (tmp_path / "bad.json").write_text("{}")
     with pytest.raises(SystemExit):
         quality.parse_args(["--tuned", str(tmp_path / "bad.json"), "--seeds", "1", "--out", str(tmp_path / "out")])
+
+
+def test_rows_mean_the_same_codec_on_a_config_with_sparse_deltas(tmp_path):
+    # configs/demo.toml sends top-k 96 of blocks of 1024: an fp32 row that kept its top-k was
+    # refused by the binaries ("codec.topk = 96 needs an int8 or int4 codec"), and a dense int4 row
+    # sent the sparse form. Each row's codec, as the last --set of each key leaves it:
+    demo = os.path.join(quality.repository.root(), "configs", "demo.toml")
+    args = types.SimpleNamespace(m=[2], seeds=[1], steps=100, rows="", quick=False, out=str(tmp_path), set=[],
+                                 decoupled_set=[], unset=[], config=demo, bin_dir="/bin")
+    by = {r.name: dict(o.split("=", 1) for o in r.overrides) for r in quality.plan(args)}
+    for name in ("sync DiLoCo (fp32)", "per-step sync avg (fp32)"):
+        assert (by[name]["codec.dtype"], by[name]["codec.topk"], by[name]["codec.downlink_topk"]) == ("fp32", "0", "0")
+    for name in ("sync DiLoCo (int4)", DECOUPLED, "Decoupled avg rule"):
+        codec = by[name]
+        assert (codec["codec.dtype"], codec["codec.topk"], codec["codec.block_size"]) == ("int4", "0", "64")
+        assert (codec["codec.downlink_dtype"], codec["codec.downlink_block_size"]) == ("int4", "64")
+    sparse = by[quality.SPARSE_ROW]
+    assert (sparse["codec.topk"], sparse["codec.block_size"], sparse["merger.optimizer"]) == ("96", "1024", "sgd")
+    assert by["Decoupled staggered"]["codec.downlink_dtype"] == "fp32"
