@@ -140,6 +140,17 @@ void fragment_states() {
   FragmentState plain{.run_id = "run-1", .fingerprint = layout().fingerprint, .fragment = 1, .version = 3,
                       .params = tensors(1, 0.5f), .layout = shared_layout()};
   message("fragment_state", "sgd-fragment1", encode_fragment_state(plain), true);
+  // state_segments: the first checkpoint streamed in segments of 96 bytes of values, as a log
+  // read with the run's layout (first byte 0) and with the one segment 0 carries (1).
+  for (const uint8_t mode : {uint8_t{0}, uint8_t{1}}) {
+    std::vector<uint8_t> log{mode};
+    for_each_fragment_state_segment(s, 96, 1, [&](uint32_t, uint32_t, std::span<const uint8_t> segment) {
+      log.push_back(static_cast<uint8_t>(segment.size()));
+      log.push_back(static_cast<uint8_t>(segment.size() >> 8));
+      log.insert(log.end(), segment.begin(), segment.end());
+    });
+    write("state_segments", mode ? "streamed-own-layout" : "streamed-run-layout", log);
+  }
 }
 
 void genesis_proposals() {

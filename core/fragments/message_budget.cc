@@ -82,7 +82,14 @@ MessageBound largest_message(const RunConfig& config, const FragmentLayout& layo
 }
 
 uint64_t logical_message_limit(const RunConfig& config, const FragmentLayout& layout) {
-  return std::max<uint64_t>(64ull << 20, largest_message(config, layout).bytes);
+  // Checkpoints written whole by binaries that predate streaming (or with a larger
+  // codec.segment_bytes) stay readable: up to what one FlatBuffer holds.
+  uint64_t whole_checkpoint = 0;
+  for (uint32_t p = 0; p < layout.num_fragments(); ++p)
+    whole_checkpoint = std::max(whole_checkpoint, state_bytes_bound(layout.fragment_numel(p), layout.fragments[p].size(),
+                                                                    keeps_outer_state(config), keeps_residual(config)));
+  return std::max({uint64_t{64} << 20, largest_message(config, layout).bytes,
+                   std::min(whole_checkpoint, kMaxLogicalMessageBytes)});
 }
 
 DecodeLimits run_decode_limits(const RunConfig& config, const FragmentLayout& layout) {

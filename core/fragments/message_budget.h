@@ -39,8 +39,9 @@ MessageBound largest_message(const RunConfig& config, const FragmentLayout& layo
 inline constexpr uint64_t kMaxLogicalMessageBytes = (1ull << 31) - (1ull << 20);
 
 // The largest whole message (compressed or not) a reader of this run must accept: the layout's
-// largest bound, and never below 64 MiB (DecodeLimits::max_message_bytes and
-// max_decompressed_bytes).
+// largest bound, a whole checkpoint's up to kMaxLogicalMessageBytes (one written whole before
+// checkpoints streamed, or with a larger codec.segment_bytes), and never below 64 MiB
+// (DecodeLimits::max_message_bytes and max_decompressed_bytes).
 uint64_t logical_message_limit(const RunConfig& config, const FragmentLayout& layout);
 
 // What every reader of the run's messages expects: its run id, the layout's fingerprint and

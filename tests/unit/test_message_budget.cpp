@@ -110,6 +110,20 @@ TEST_CASE("a checkpoint above codec.segment_bytes is bounded by its segment", "[
   CHECK(largest_message(config, small).bytes >= 4'000'000ull);
 }
 
+TEST_CASE("readers still take a checkpoint written whole, up to one FlatBuffer", "[budget]") {
+  RunConfig config;
+  // 30M parameters: 360 MB of checkpoint, streamed in segments of 256 MiB, but a binary that
+  // predates streaming wrote it whole; a reader's limit takes it.
+  auto mid = layout_of({{{"w", {3000, 10000}}}});
+  CHECK(largest_message(config, mid).bytes < 360'000'000ull);
+  CHECK(logical_message_limit(config, mid) >= 360'000'000ull);
+  CHECK(logical_message_limit(config, mid) >= state_bytes_bound(30'000'000, 1, false, true));
+  // Never above what one FlatBuffer holds.
+  std::vector<TensorSpec> four;
+  for (int i = 0; i < 4; ++i) four.push_back({"w" + std::to_string(i), {8000, 10000}});
+  CHECK(logical_message_limit(config, layout_of({four})) == kMaxLogicalMessageBytes);
+}
+
 TEST_CASE("a layout whose parameters cannot fit one buffer is refused with the way out", "[budget]") {
   RunConfig config;
   const uint64_t record_limit = 64ull << 20;
