@@ -215,9 +215,15 @@ int main(int argc, char** argv) {
           auto e0 = std::chrono::steady_clock::now();
           auto bytes = encode_delta(h, std::span<const QuantizedTensor>(values[m][p]), codec);
           encode_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - e0).count();
-          producer.produce({.topic = topics.deltas(region), .partition = static_cast<int32_t>(p % static_cast<uint32_t>(partitions)),
-                            .key = std::to_string(p), .value = bytes, .headers = delta_headers(h)},
-                           sent, 60000);
+          // In pieces of codec.chunk_bytes when larger, as a learner sends it (a 250M-parameter
+          // fragment's int4 delta is above one Kafka record).
+          for_each_piece(bytes, ChunkId{config.run.id, h.learner_id, p, h.seq}, config.codec.chunk_bytes,
+                         [&](uint32_t, uint32_t, std::span<const uint8_t> piece) {
+                           producer.produce({.topic = topics.deltas(region),
+                                             .partition = static_cast<int32_t>(p % static_cast<uint32_t>(partitions)),
+                                             .key = std::to_string(p), .value = piece, .headers = delta_headers(h)},
+                                            sent, 60000);
+                         });
           ++sent;
           wire_bytes += bytes.size();
           fp32_total += fp32_bytes[p];

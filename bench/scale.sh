@@ -11,20 +11,22 @@
 # also rebuilt whole and fragment by fragment, and the two compared (rebuild_check).
 #
 #   bench/scale.sh [--width 1024] [--layers 8] [--fragments 8] [--learners 2] [--rounds 3]
-#                  [--pace 0] [--instances "1 2"] [--tensors SPEC] [--bin-dir DIR] [--keep] [--keep-topics]
+#                  [--pace 0] [--instances "1 2"] [--tensors SPEC] [--checkpoint-every 1000] [--bin-dir DIR]
+#                  [--keep] [--keep-topics]
 #
 # The model is configs/tiny.toml widened (--width, --layers; heads 16): about 12 x width^2 x layers
 # parameters; or, with --tensors "embed=128256x4096,...", those tensors, a tensor larger than a
 # fragment cut into blocks of rows over several fragments (core/fragments/partition.h). Version 0 is proposed by bench-produce_deltas --genesis before the rounds; every
 # delta is on it (bench-produce_deltas --bases genesis), and the mergers run with merger.quorum 1, so a merge takes whatever is pending (with a quorum of K, a merge that
 # took more than K deltas could leave a last one waiting for good); --pace S (seconds between rounds) spreads the rounds so that
-# merges take about one round each. Needs a running broker (scripts/broker start) and the build (build/bin or --bin-dir).
+# merges take about one round each; --checkpoint-every N is merger.checkpoint_every (each merger writes a
+# fragment's checkpoint every N versions). Needs a running broker (scripts/broker start) and the build (build/bin or --bin-dir).
 # Kills every process it started on exit; deletes the topics of its runs unless --keep-topics.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BIN="${DILOCO_BIN_DIR:-$ROOT/build/bin}"
 BOOTSTRAP="${DILOCO_BOOTSTRAP:-127.0.0.1:19092}"
-width=1024 layers=8 fragments=8 learners=2 rounds=3 pace=0 instances="1 2" keep=0 keep_topics=0 tensors=""
+width=1024 layers=8 fragments=8 learners=2 rounds=3 pace=0 instances="1 2" keep=0 keep_topics=0 tensors="" checkpoint_every=1000
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --width) width="$2"; shift 2 ;;
@@ -35,10 +37,11 @@ while [[ $# -gt 0 ]]; do
     --pace) pace="$2"; shift 2 ;;
     --instances) instances="$2"; shift 2 ;;
     --tensors) tensors="$2"; shift 2 ;;
+    --checkpoint-every) checkpoint_every="$2"; shift 2 ;;
     --bin-dir) BIN="$2"; shift 2 ;;
     --keep) keep=1; shift ;;
     --keep-topics) keep_topics=1; shift ;;
-    -h|--help) sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "scale.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -54,7 +57,7 @@ trap 'exit 130' INT TERM
 config=configs/tiny.toml
 partitions=$(( fragments < 4 ? fragments : 4 ))
 sets=(--set model.width="$width" --set model.layers="$layers" --set model.heads=16 --set diloco.fragments="$fragments"
-      --set merger.quorum=1 --set merger.checkpoint_every=1000 --set train.eval_every=0)
+      --set merger.quorum=1 --set merger.checkpoint_every="$checkpoint_every" --set train.eval_every=0)
 echo "# scale: $(date -u) | nproc $(nproc) | $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ //') | $(free -g | awk '/Mem:/ {print $2}') GiB"
 echo "# ${tensors:+tensors $tensors, }width $width, layers $layers, $fragments fragments, $learners fake learners, $rounds rounds; load $(cut -d' ' -f1-3 /proc/loadavg)"
 
