@@ -417,6 +417,10 @@ std::vector<uint8_t> encode_fragment_state(const FragmentState& msg, int zstd_le
   return build_fragment_state(msg, nullptr, zstd_level);
 }
 
+namespace {
+FragmentState decode_whole_state(const wire::FragmentState& m, const DecodeLimits& limits, StateParts parts);
+}  // namespace
+
 FragmentState decode_fragment_state(std::span<const uint8_t> bytes, const DecodeLimits& limits, StateParts parts) {
   struct Release {
     ~Release() { release_large_scratch(); }
@@ -426,6 +430,14 @@ FragmentState decode_fragment_state(std::span<const uint8_t> bytes, const Decode
     reject(RejectReason::ChunkMismatch,
            detail::concat("FragmentState: segment ", m.segment()->index(), " of ", m.segment()->count(),
                           " of a streamed checkpoint (read it with a FragmentStateAssembler)"));
+  return decode_whole_state(m, limits, parts);
+}
+
+namespace {
+
+// A whole checkpoint from its opened frame (shared with FragmentStateAssembler, which has
+// opened it already: the frame is decompressed once).
+FragmentState decode_whole_state(const wire::FragmentState& m, const DecodeLimits& limits, StateParts parts) {
   FragmentState out;
   const std::vector<TensorSpec>* specs = nullptr;
   read_state_head(m, limits, out, specs);
@@ -442,6 +454,8 @@ FragmentState decode_fragment_state(std::span<const uint8_t> bytes, const Decode
   check_checksum(out.checksum, out.params, "FragmentState");
   return out;
 }
+
+}  // namespace
 
 // ---- streamed checkpoints -------------------------------------------------------------------
 
@@ -509,7 +523,7 @@ std::optional<FragmentState> FragmentStateAssembler::add_opened(std::span<const 
       reject(RejectReason::ChunkMissing,
              detail::concat("FragmentState: a whole checkpoint of fragment ", m.fragment(), " where segment ", next_,
                             " of ", count_, " of version ", state_.version, " was due"));
-    return decode_fragment_state(bytes, limits_, parts_);
+    return decode_whole_state(m, limits_, parts_);
   }
   if (segment->index() != next_) {
     if (next_ == 0)
