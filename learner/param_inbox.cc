@@ -112,6 +112,8 @@ void ParamInbox::run() {
     held[p] = std::make_shared<const FragmentParams>(std::move(params));
   }
   options_.held.clear();
+  // Snapshots above codec.segment_bytes arrive as segments, decoded into place one at a time.
+  FragmentParamsAssembler assembler(options_.limits);
   // Fragments a snapshot is wanted of: asked for again until a usable version arrives, each time
   // waiting twice as long (learner/snapshot_asks.h).
   std::set<uint32_t> wanted;
@@ -218,7 +220,12 @@ void ParamInbox::run() {
         if (notice.version >= slot.version) slot = std::move(notice);
         continue;
       }
-      FragmentParams params = decode_fragment_params(received->message, options_.limits);
+      auto assembled = assembler.add(received->message);
+      if (!assembled) {
+        metrics_.add("params_segments_received_total", 1);
+        continue;  // a segment of a snapshot not yet complete
+      }
+      FragmentParams params = std::move(*assembled);
       if (params.fragment != received->fragment)
         throw Rejection(RejectReason::FragmentOutOfRange, "ZeroMQ topic says fragment " +
                                                                std::to_string(received->fragment) + ", message says " +

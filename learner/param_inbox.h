@@ -2,7 +2,8 @@
 //
 // A background thread follows the `members` topic to learn every merger's ZeroMQ endpoint
 // (including mergers that appear later), subscribes to all of them, and strictly decodes each
-// FragmentParams (run id, fingerprint, shapes, checksum). Rejected messages are counted by
+// FragmentParams (run id, fingerprint, shapes, checksum); a snapshot above codec.segment_bytes
+// arrives in segments, each decoded into place (FragmentParamsAssembler). Rejected messages are counted by
 // reason and never reach the model. The training thread calls take() at a step boundary and gets
 // the newest version of each fragment that arrived since its last call. RoundOpen notices (a
 // merger's quorum for a fragment is in) are decoded the same strict way and kept, newest per

@@ -558,19 +558,28 @@ void MergerProcess::abandon_merge(uint32_t p, MergePlan& plan, const std::string
 }
 
 // Encoded when sent and not kept: a snapshot of every owned fragment would cost about 3.4 bytes
-// per parameter for as long as it is held.
-std::shared_ptr<const std::vector<uint8_t>> MergerProcess::snapshot_message(uint32_t p) const {
+// per parameter for as long as it is held. Above codec.segment_bytes of values it travels as
+// segments, one ZeroMQ message each (core/codec/messages.h), so no message reaches FlatBuffers'
+// 2 GiB and a subscriber decodes each into place.
+SnapshotRequests::Message MergerProcess::snapshot_message(uint32_t p) const {
   const auto& f = book_.owned.at(p);
-  FragmentParams params{.run_id = o_.config.run.id, .fingerprint = layout_->fingerprint, .fragment = p,
-                        .version = f.state.version, .checksum = f.state.checksum,
-                        .merger_instance = o_.instance_id, .epoch = epoch_, .tensors = f.state.params};
-  return std::make_shared<const std::vector<uint8_t>>(encode_fragment_params(params));
+  const FragmentParams header{.run_id = o_.config.run.id, .fingerprint = layout_->fingerprint, .fragment = p,
+                              .version = f.state.version, .checksum = f.state.checksum,
+                              .merger_instance = o_.instance_id, .epoch = epoch_};
+  auto parts = std::make_shared<MessageParts>();
+  for_each_fragment_params_segment(header, f.state.params, o_.config.codec.segment_bytes, 1,
+                                   [&](uint32_t, uint32_t, std::span<const uint8_t> segment) {
+                                     parts->emplace_back(segment.begin(), segment.end());
+                                   });
+  return parts;
 }
 
 void MergerProcess::publish(uint32_t p) {
   const auto message = snapshot_message(p);
-  publisher_->publish(p, *message);
-  metrics_.add("params_bytes_published_total", static_cast<double>(message->size()), {{"kind", "snapshot"}});
+  for (const auto& part : *message) {
+    publisher_->publish(p, part);
+    metrics_.add("params_bytes_published_total", static_cast<double>(part.size()), {{"kind", "snapshot"}});
+  }
 }
 
 // The change a merge made, for subscribers holding the previous version (the others ask for a

@@ -101,7 +101,7 @@ class MergerProcess : public RebalanceListener {
                            const std::vector<std::string>& live) const;
   void commit(uint32_t p, MergeRecord& record, bool write_state);
   void publish(uint32_t p);  // a snapshot of the current version, to every subscriber
-  std::shared_ptr<const std::vector<uint8_t>> snapshot_message(uint32_t p) const;
+  SnapshotRequests::Message snapshot_message(uint32_t p) const;
   void publish_update(uint32_t p);
   void serve_requests();
   void announce_round(uint32_t p);

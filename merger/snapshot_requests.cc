@@ -60,7 +60,8 @@ SnapshotRequests::Turn SnapshotRequests::serve(
     for (const auto& id : ids) {
       send(id, p, message);
       ++turn.sent;
-      turn.bytes += message ? message->size() : 0;
+      if (message)
+        for (const auto& part : *message) turn.bytes += part.size();
       served_[{id, p}] = Served{.at = t, .version = versions.at(p), .queued = message};
       requested_.erase({id, p});
     }

@@ -23,6 +23,8 @@
 #include <utility>
 #include <vector>
 
+#include "core/codec/messages.h"
+
 namespace diloco {
 
 // No defaults here but the bound on pending requests: the merger's options (MergerTimeouts,
@@ -37,7 +39,8 @@ struct SnapshotRequestOptions {
 class SnapshotRequests {
  public:
   using Clock = std::chrono::steady_clock;
-  using Message = std::shared_ptr<const std::vector<uint8_t>>;
+  // A snapshot in the parts it travels in (segments; one part when whole).
+  using Message = std::shared_ptr<const MessageParts>;
 
   explicit SnapshotRequests(const SnapshotRequestOptions& options) : o_(options) {}
 
@@ -68,7 +71,7 @@ class SnapshotRequests {
   struct Served {
     Clock::time_point at;
     uint64_t version = 0;
-    std::weak_ptr<const std::vector<uint8_t>> queued;  // alive while the publisher holds it
+    std::weak_ptr<const MessageParts> queued;  // alive while the publisher holds it
   };
   SnapshotRequestOptions o_;
   std::set<Key> requested_;

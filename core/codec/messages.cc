@@ -98,6 +98,120 @@ void check_checksum(uint64_t declared, std::span<const DenseTensor> tensors, con
                           declared));
 }
 
+// ---- segments -------------------------------------------------------------------------------
+
+struct SegmentRange {
+  uint32_t index = 0;
+  uint32_t count = 1;
+  uint64_t first = 0;
+  uint64_t values = 0;
+};
+
+uint64_t fragment_values(const std::vector<DenseTensor>& tensors) {
+  uint64_t n = 0;
+  for (const auto& t : tensors) n += t.values.size();
+  return n;
+}
+
+// Segments of at most segment_bytes of values for `total` values of `per_value` bytes each.
+uint32_t segments_for(uint64_t total, uint64_t per_value, uint64_t segment_bytes, const char* what) {
+  if (segment_bytes == 0) throw InvalidInput("segment bytes must be positive");
+  if (per_value == 0 || total == 0) return 1;
+  const uint64_t values = std::max<uint64_t>(1, segment_bytes / per_value);
+  const uint64_t count = (total + values - 1) / values;
+  if (count > kMaxSegments)
+    throw InvalidInput(detail::concat("a ", what, " of ", total * per_value, " bytes of values in segments of ",
+                                      segment_bytes, " bytes takes ", count, " segments, above ", kMaxSegments));
+  return static_cast<uint32_t>(count);
+}
+
+// The ranges of `count` segments tiling `total` values, each handed to `build` in order.
+void for_each_range(uint64_t total, uint32_t count, const std::function<void(const SegmentRange&)>& build) {
+  const uint64_t per_segment = (total + count - 1) / count;
+  SegmentRange range{.index = 0, .count = count};
+  for (; range.index < count; ++range.index) {
+    range.first = uint64_t{range.index} * per_segment;
+    range.values = std::min(per_segment, total - range.first);
+    build(range);
+  }
+}
+
+// A builder sized for a segment of `values` fp32 values in `tensors` slices and `extra` bytes
+// more: a segment is the largest message its process makes, so the thread's scratch builder
+// would grow in steps (holding the old and the new buffer at each) and keep that size for good.
+flatbuffers::FlatBufferBuilder segment_builder(uint64_t values, size_t tensors, uint64_t extra = 0) {
+  const uint64_t estimate = (1 << 16) + values * 4 + tensors * 256 + extra;
+  return flatbuffers::FlatBufferBuilder(std::min<uint64_t>(estimate, FLATBUFFERS_MAX_BUFFER_SIZE));
+}
+
+// Checks that `s` is the segment due in `c` (none begun: a segment 0 with a count in
+// [2, kMaxSegments]); `what` names the message type, `about` the message, for the reasons.
+void check_segment_due(const SegmentCursor& c, const wire::Segment& s, const char* what, const std::string& about) {
+  if (s.index() != c.next) {
+    if (c.next == 0)
+      reject(RejectReason::ChunkMissing, detail::concat(what, ": segment ", s.index(), " of ", s.count(), " of ",
+                                                        about, " without its segment 0"));
+    reject(RejectReason::ChunkMismatch,
+           detail::concat(what, ": segment ", s.index(), " of ", about, " where segment ", c.next, " of ", c.count,
+                          " was due"));
+  }
+  if (c.next == 0) {
+    if (s.count() < 2 || s.count() > kMaxSegments)
+      reject(RejectReason::BadCounter,
+             detail::concat(what, ": a streamed message of ", s.count(), " segments (2 to ", kMaxSegments, ")"));
+  } else if (s.count() != c.count) {
+    reject(RejectReason::ChunkMismatch, detail::concat(what, ": segment ", s.index(), " of ", about, " says ",
+                                                       s.count(), " segments, segment 0 said ", c.count));
+  }
+}
+
+// At segment 0: the message's count and values.
+void begin_segments(SegmentCursor& c, const wire::Segment& s, uint64_t total) {
+  c = SegmentCursor{.next = 0, .count = s.count(), .next_value = 0, .total = total};
+}
+
+// Checks the range of values the due segment `s` holds: the next ones, at least one, within the
+// fragment, and to its end for the last segment. True for the last segment.
+bool check_segment_range(const SegmentCursor& c, const wire::Segment& s, const char* what) {
+  if (s.first() != c.next_value || s.values() == 0 || s.values() > c.total - c.next_value)
+    reject(RejectReason::ChunkMismatch,
+           detail::concat(what, ": segment ", c.next, " holds values ", s.first(), " + ", s.values(),
+                          ", the message's next value is ", c.next_value, " of ", c.total));
+  const bool last = c.next + 1 == c.count;
+  if (last && s.first() + s.values() != c.total)
+    reject(RejectReason::ChunkMismatch, detail::concat(what, ": the last segment ends at value ",
+                                                       s.first() + s.values(), ", the fragment holds ", c.total));
+  return last;
+}
+
+void advance_segment(SegmentCursor& c, const wire::Segment& s) {
+  c.next_value += s.values();
+  ++c.next;
+}
+
+uint64_t specs_values(const std::vector<TensorSpec>& specs) {
+  uint64_t n = 0;
+  for (const auto& spec : specs) n += static_cast<uint64_t>(spec.numel());
+  return n;
+}
+
+// Every tensor of the fragment, zero-filled and shaped as the layout says: what segments are
+// decoded into.
+void size_as_layout(const std::vector<TensorSpec>& specs, std::vector<DenseTensor>& out) {
+  out.resize(specs.size());
+  for (size_t k = 0; k < specs.size(); ++k) {
+    out[k].index = static_cast<uint32_t>(k);
+    out[k].shape = specs[k].shape;
+    out[k].values.resize(static_cast<size_t>(specs[k].numel()));
+  }
+}
+
+// Frees the thread's large decompression scratch on the way out (a copy out made, or a
+// rejection thrown).
+struct ReleaseScratch {
+  ~ReleaseScratch() { release_large_scratch(); }
+};
+
 }  // namespace
 
 uint64_t checksum_fp32(std::span<const DenseTensor> tensors) {
@@ -169,28 +283,98 @@ DeltaHeader peek_delta_header(std::span<const uint8_t> bytes, const DecodeLimits
 
 namespace {
 
+// Snapshots are fp32 in byte planes.
+constexpr WireCodec kSnapshotCodec{.dtype = DType::F32, .block_size = 0, .byte_shuffle = true};
+
 std::vector<uint8_t> finish_fragment_params(flatbuffers::FlatBufferBuilder& fbb, const FragmentParams& msg,
                                             uint64_t checksum, const WireCodec& codec,
-                                            flatbuffers::Offset<TensorVector> tensors, int zstd_level) {
+                                            flatbuffers::Offset<TensorVector> tensors, int zstd_level,
+                                            const SegmentRange* segment = nullptr) {
   const auto codec_table = add_codec(fbb, codec);
   const auto run_id = fbb.CreateString(msg.run_id);
   const auto merger = fbb.CreateString(msg.merger_instance);
-  const auto root = wire::CreateFragmentParams(fbb, kSchemaVersion, run_id, msg.fingerprint, msg.fragment,
-                                               msg.version, checksum, merger, msg.epoch, codec_table, tensors,
-                                               msg.update, msg.update ? msg.base_version : 0);
+  const auto segment_table =
+      segment ? wire::CreateSegment(fbb, segment->index, segment->count, segment->first, segment->values) : 0;
+  const auto root = wire::CreateFragmentParams(
+      fbb, segment ? kSegmentSchemaVersion : kSchemaVersion, run_id, msg.fingerprint, msg.fragment, msg.version,
+      checksum, merger, msg.epoch, codec_table, tensors, msg.update, msg.update ? msg.base_version : 0, segment_table);
   wire::FinishFragmentParamsBuffer(fbb, root);
   return compress_finished(fbb, zstd_level);
+}
+
+// The frame opened as far as every FragmentParams goes: verifier, run id, and a schema version
+// that says whole (1, no segment) or segment (2, with one).
+template <typename Root>
+const Root& open_streamable(std::span<const uint8_t> bytes, const DecodeLimits& limits,
+                            bool (*verify)(flatbuffers::Verifier&), const char* what) {
+  const auto buf = open_frame(bytes, limits, verify, what);
+  const auto& m = *flatbuffers::GetRoot<Root>(buf.data());
+  const bool segment = m.segment() != nullptr;
+  if (m.schema_version() != (segment ? kSegmentSchemaVersion : kSchemaVersion))
+    reject(RejectReason::UnknownSchemaVersion,
+           detail::concat(what, ": schema version ", m.schema_version(),
+                          segment ? " for a segment (segments are version " : " (this build reads ",
+                          segment ? kSegmentSchemaVersion : kSchemaVersion, ")"));
+  check_run_id(m.run_id(), limits);
+  return m;
+}
+
+// Everything of a FragmentParams but its tensors; the fragment range and fingerprint checked.
+FragmentParams read_params_head(const wire::FragmentParams& m, const DecodeLimits& limits) {
+  check_fingerprint(m.fingerprint(), limits);
+  fragment_specs(m.fragment(), limits);
+  FragmentParams out;
+  out.run_id = m.run_id()->str();
+  out.fingerprint = m.fingerprint();
+  out.fragment = m.fragment();
+  out.version = m.version();
+  check_counter(out.version, "version");
+  out.checksum = m.checksum();
+  out.merger_instance = required(m.merger_instance(), "merger_instance");
+  out.epoch = m.epoch();
+  out.update = m.update();
+  out.base_version = m.base_version();
+  if (out.update && out.base_version + 1 != out.version)
+    reject(RejectReason::BadCounter, detail::concat("an update to version ", out.version, " from version ",
+                                                    out.base_version, " (updates go one version at a time)"));
+  if (!out.update && out.base_version != 0)
+    reject(RejectReason::BadCounter, detail::concat("a snapshot with base_version ", out.base_version));
+  return out;
+}
+
+FragmentParams decode_whole_params(const wire::FragmentParams& m, const DecodeLimits& limits, size_t wire_bytes) {
+  FragmentParams out = read_params_head(m, limits);
+  out.wire_bytes = wire_bytes;
+  decode_tensors(m.tensors(), fragment_specs(m.fragment(), limits), check_codec(m.codec()), "tensors", out.tensors);
+  if (!out.update) check_checksum(out.checksum, out.tensors, "FragmentParams");
+  return out;
+}
+
+const wire::FragmentParams& open_params(std::span<const uint8_t> bytes, const DecodeLimits& limits) {
+  return open_streamable<wire::FragmentParams>(bytes, limits, wire::VerifyFragmentParamsBuffer, "FragmentParams");
+}
+
+std::string version_of(uint32_t fragment, uint64_t version) {
+  return detail::concat("fragment ", fragment, " version ", version);
+}
+
+}  // namespace
+
+namespace {
+
+std::vector<uint8_t> encode_snapshot(const FragmentParams& header, std::span<const DenseTensor> values,
+                                     int zstd_level) {
+  DILOCO_ENFORCE(!header.update, "encode_fragment_params writes snapshots; updates use encode_fragment_update");
+  auto& fbb = builder();
+  const auto tensors = add_dense(fbb, values, kSnapshotCodec);
+  const uint64_t checksum = header.checksum ? header.checksum : checksum_fp32(values);
+  return finish_fragment_params(fbb, header, checksum, kSnapshotCodec, tensors, zstd_level);
 }
 
 }  // namespace
 
 std::vector<uint8_t> encode_fragment_params(const FragmentParams& msg, int zstd_level) {
-  DILOCO_ENFORCE(!msg.update, "encode_fragment_params writes snapshots; updates use encode_fragment_update");
-  const WireCodec codec{.dtype = DType::F32, .block_size = 0, .byte_shuffle = true};
-  auto& fbb = builder();
-  const auto tensors = add_dense(fbb, msg.tensors, codec);
-  const uint64_t checksum = msg.checksum ? msg.checksum : checksum_fp32(msg.tensors);
-  return finish_fragment_params(fbb, msg, checksum, codec, tensors, zstd_level);
+  return encode_snapshot(msg, msg.tensors, zstd_level);
 }
 
 std::vector<uint8_t> encode_fragment_update(const FragmentParams& msg,
@@ -206,31 +390,85 @@ std::vector<uint8_t> encode_fragment_update(const FragmentParams& msg,
 
 FragmentParams decode_fragment_params(std::span<const uint8_t> bytes,
                                       const DecodeLimits& limits) {
-  const auto& m = open_root<wire::FragmentParams>(bytes, limits,
-                                                  wire::VerifyFragmentParamsBuffer,
-                                                  "FragmentParams");
-  check_fingerprint(m.fingerprint(), limits);
-  const auto& specs = fragment_specs(m.fragment(), limits);
-  FragmentParams out;
-  out.run_id = m.run_id()->str();
-  out.fingerprint = m.fingerprint();
-  out.fragment = m.fragment();
-  out.version = m.version();
-  check_counter(out.version, "version");
-  out.checksum = m.checksum();
-  out.merger_instance = required(m.merger_instance(), "merger_instance");
-  out.epoch = m.epoch();
-  out.update = m.update();
-  out.base_version = m.base_version();
-  out.wire_bytes = bytes.size();
-  if (out.update && out.base_version + 1 != out.version)
-    reject(RejectReason::BadCounter, detail::concat("an update to version ", out.version, " from version ",
-                                                    out.base_version, " (updates go one version at a time)"));
-  if (!out.update && out.base_version != 0)
-    reject(RejectReason::BadCounter, detail::concat("a snapshot with base_version ", out.base_version));
-  decode_tensors(m.tensors(), specs, check_codec(m.codec()), "tensors", out.tensors);
-  if (!out.update) check_checksum(out.checksum, out.tensors, "FragmentParams");
-  return out;
+  const auto& m = open_params(bytes, limits);
+  if (m.segment())
+    reject(RejectReason::ChunkMismatch,
+           detail::concat("FragmentParams: segment ", m.segment()->index(), " of ", m.segment()->count(),
+                          " of a streamed snapshot (read it with a FragmentParamsAssembler)"));
+  return decode_whole_params(m, limits, bytes.size());
+}
+
+uint32_t fragment_params_segments(const FragmentParams& header, std::span<const DenseTensor> tensors,
+                                  uint64_t segment_bytes) {
+  if (header.update) throw InvalidInput("updates travel whole, never in segments");
+  uint64_t values = 0;
+  for (const auto& t : tensors) values += t.values.size();
+  return segments_for(values, 4, segment_bytes, "snapshot");
+}
+
+void for_each_fragment_params_segment(const FragmentParams& header, std::span<const DenseTensor> tensors,
+                                      uint64_t segment_bytes, int zstd_level, const SegmentSink& emit) {
+  const uint32_t count = fragment_params_segments(header, tensors, segment_bytes);
+  if (count == 1) {
+    emit(0, 1, encode_snapshot(header, tensors, zstd_level));
+    return;
+  }
+  const uint64_t checksum = header.checksum ? header.checksum : checksum_fp32(tensors);
+  uint64_t total = 0;
+  for (const auto& t : tensors) total += t.values.size();
+  for_each_range(total, count, [&](const SegmentRange& range) {
+    auto fbb = segment_builder(range.values, tensors.size());
+    const auto slices = add_dense_range(fbb, tensors, range.first, range.values, kSnapshotCodec);
+    emit(range.index, count, finish_fragment_params(fbb, header, checksum, kSnapshotCodec, slices, zstd_level, &range));
+  });
+}
+
+FragmentParamsAssembler::FragmentParamsAssembler(DecodeLimits limits) : limits_(std::move(limits)) {}
+
+std::optional<FragmentParams> FragmentParamsAssembler::add(std::span<const uint8_t> bytes) {
+  ReleaseScratch release;
+  const auto& m = open_params(bytes, limits_);
+  if (!m.segment()) return decode_whole_params(m, limits_, bytes.size());
+  check_fingerprint(m.fingerprint(), limits_);
+  const auto& specs = fragment_specs(m.fragment(), limits_);
+  const uint32_t p = m.fragment();
+  const wire::Segment& s = *m.segment();
+  if (s.index() == 0) open_.erase(p);  // a newer snapshot, or this one again: the one begun is dropped
+  auto it = open_.try_emplace(p).first;
+  try {
+    Open& o = it->second;
+    const std::string about = version_of(p, m.version());
+    check_segment_due(o.cursor, s, "FragmentParams", about);
+    const WireCodec codec = check_codec(m.codec());
+    if (codec.dtype != DType::F32 || m.update())
+      reject(RejectReason::BadCodec, "FragmentParams: a segment of an update or of a quantized message (only fp32 "
+                                     "snapshots travel in segments)");
+    if (o.cursor.next == 0) {
+      o.params = read_params_head(m, limits_);
+      o.shuffled = codec.byte_shuffle;
+      size_as_layout(specs, o.params.tensors);
+      begin_segments(o.cursor, s, specs_values(specs));
+    } else if (m.version() != o.params.version || m.checksum() != o.params.checksum || m.epoch() != o.params.epoch ||
+               required(m.merger_instance(), "merger_instance") != o.params.merger_instance ||
+               codec.byte_shuffle != o.shuffled) {
+      reject(RejectReason::ChunkMismatch,
+             detail::concat("FragmentParams: segment ", s.index(), " (", about, ", epoch ", m.epoch(),
+                            ") does not continue ", version_of(p, o.params.version), " of merger ",
+                            o.params.merger_instance, " epoch ", o.params.epoch));
+    }
+    const bool last = check_segment_range(o.cursor, s, "FragmentParams");
+    decode_dense_range(m.tensors(), specs, codec, "tensors", s.first(), s.values(), o.params.tensors);
+    o.params.wire_bytes += bytes.size();
+    advance_segment(o.cursor, s);
+    if (!last) return std::nullopt;
+    check_checksum(o.params.checksum, o.params.tensors, "FragmentParams");
+    FragmentParams out = std::move(o.params);
+    open_.erase(it);
+    return out;
+  } catch (...) {
+    open_.erase(it);
+    throw;
+  }
 }
 
 FragmentParams apply_fragment_update(const FragmentParams& held, const FragmentParams& update) {
@@ -265,25 +503,12 @@ std::array<const std::vector<DenseTensor>*, 4> state_lists(const FragmentState& 
   return {&msg.params, &msg.momentum, &msg.outer_state, &msg.downlink_residual};
 }
 
-uint64_t fragment_values(const std::vector<DenseTensor>& tensors) {
-  uint64_t n = 0;
-  for (const auto& t : tensors) n += t.values.size();
-  return n;
-}
-
 // Bytes of values per value of params: 4 for every list the checkpoint has.
 uint64_t state_bytes_per_value(const FragmentState& msg) {
   uint64_t lists = 0;
   for (const auto* list : state_lists(msg)) lists += list->empty() ? 0 : 1;
   return 4 * lists;
 }
-
-struct SegmentRange {
-  uint32_t index = 0;
-  uint32_t count = 1;
-  uint64_t first = 0;
-  uint64_t values = 0;
-};
 
 // The whole checkpoint (segment null), or one segment of it: the tensor lists' range of values,
 // and in segment 0 everything else the checkpoint has. Built in a builder of its own, sized up
@@ -396,19 +621,8 @@ void read_state_head(const wire::FragmentState& m, const DecodeLimits& limits, F
 
 bool has_tensors(const TensorVector* list) { return list && list->size() != 0; }
 
-// The frame opened and checked as far as every FragmentState message goes: verifier, run id,
-// and a schema version that says whole (1, no segment) or segment (2, with one).
 const wire::FragmentState& open_state(std::span<const uint8_t> bytes, const DecodeLimits& limits) {
-  const auto buf = open_frame(bytes, limits, wire::VerifyFragmentStateBuffer, "FragmentState");
-  const auto& m = *flatbuffers::GetRoot<wire::FragmentState>(buf.data());
-  const bool segment = m.segment() != nullptr;
-  if (m.schema_version() != (segment ? kSegmentSchemaVersion : kSchemaVersion))
-    reject(RejectReason::UnknownSchemaVersion,
-           detail::concat("FragmentState: schema version ", m.schema_version(),
-                          segment ? " for a segment (segments are version " : " (this build reads ",
-                          segment ? kSegmentSchemaVersion : kSchemaVersion, ")"));
-  check_run_id(m.run_id(), limits);
-  return m;
+  return open_streamable<wire::FragmentState>(bytes, limits, wire::VerifyFragmentStateBuffer, "FragmentState");
 }
 
 }  // namespace
@@ -422,9 +636,7 @@ FragmentState decode_whole_state(const wire::FragmentState& m, const DecodeLimit
 }  // namespace
 
 FragmentState decode_fragment_state(std::span<const uint8_t> bytes, const DecodeLimits& limits, StateParts parts) {
-  struct Release {
-    ~Release() { release_large_scratch(); }
-  } release;  // after the copy out, and on a rejection too
+  ReleaseScratch release;  // after the copy out, and on a rejection too
   const auto& m = open_state(bytes, limits);
   if (m.segment())
     reject(RejectReason::ChunkMismatch,
@@ -460,16 +672,7 @@ FragmentState decode_whole_state(const wire::FragmentState& m, const DecodeLimit
 // ---- streamed checkpoints -------------------------------------------------------------------
 
 uint32_t fragment_state_segments(const FragmentState& msg, uint64_t segment_bytes) {
-  if (segment_bytes == 0) throw InvalidInput("segment bytes must be positive");
-  const uint64_t per_value = state_bytes_per_value(msg);
-  const uint64_t total = fragment_values(msg.params);
-  if (per_value == 0 || total == 0) return 1;
-  const uint64_t values = std::max<uint64_t>(1, segment_bytes / per_value);
-  const uint64_t count = (total + values - 1) / values;
-  if (count > kMaxSegments)
-    throw InvalidInput(detail::concat("a checkpoint of ", total * per_value, " bytes of values in segments of ",
-                                      segment_bytes, " bytes takes ", count, " segments, above ", kMaxSegments));
-  return static_cast<uint32_t>(count);
+  return segments_for(fragment_values(msg.params), state_bytes_per_value(msg), segment_bytes, "checkpoint");
 }
 
 void for_each_fragment_state_segment(const FragmentState& msg, uint64_t segment_bytes, int zstd_level,
@@ -483,13 +686,9 @@ void for_each_fragment_state_segment(const FragmentState& msg, uint64_t segment_
   for (const auto* list : state_lists(msg))
     if (!list->empty() && fragment_values(*list) != total)
       throw InvalidInput("a checkpoint's tensor lists must hold as many values as its params");
-  const uint64_t per_segment = (total + count - 1) / count;
-  SegmentRange range{.index = 0, .count = count};
-  for (; range.index < count; ++range.index) {
-    range.first = uint64_t{range.index} * per_segment;
-    range.values = std::min(per_segment, total - range.first);
+  for_each_range(total, count, [&](const SegmentRange& range) {
     emit(range.index, count, build_fragment_state(msg, &range, zstd_level));
-  }
+  });
 }
 
 FragmentStateAssembler::FragmentStateAssembler(DecodeLimits limits, StateParts parts)
@@ -497,16 +696,12 @@ FragmentStateAssembler::FragmentStateAssembler(DecodeLimits limits, StateParts p
 
 void FragmentStateAssembler::reset() {
   state_ = FragmentState{};
-  next_ = 0;
-  count_ = 0;
-  next_value_ = 0;
+  cursor_ = SegmentCursor{};
   lists_ = {};
 }
 
 std::optional<FragmentState> FragmentStateAssembler::add(std::span<const uint8_t> bytes) {
-  struct Release {
-    ~Release() { release_large_scratch(); }
-  } release;
+  ReleaseScratch release;
   try {
     return add_opened(bytes);
   } catch (...) {
@@ -519,73 +714,42 @@ std::optional<FragmentState> FragmentStateAssembler::add_opened(std::span<const 
   const auto& m = open_state(bytes, limits_);
   const auto* segment = m.segment();
   if (!segment) {
-    if (next_ != 0)
+    if (cursor_.next != 0)
       reject(RejectReason::ChunkMissing,
-             detail::concat("FragmentState: a whole checkpoint of fragment ", m.fragment(), " where segment ", next_,
-                            " of ", count_, " of version ", state_.version, " was due"));
+             detail::concat("FragmentState: a whole checkpoint of fragment ", m.fragment(), " where segment ",
+                            cursor_.next, " of ", cursor_.count, " of version ", state_.version, " was due"));
     return decode_whole_state(m, limits_, parts_);
   }
-  if (segment->index() != next_) {
-    if (next_ == 0)
-      reject(RejectReason::ChunkMissing,
-             detail::concat("FragmentState: segment ", segment->index(), " of ", segment->count(), " of fragment ",
-                            m.fragment(), " version ", m.version(), " without its segment 0"));
-    reject(RejectReason::ChunkMismatch,
-           detail::concat("FragmentState: segment ", segment->index(), " where segment ", next_, " of ", count_,
-                          " was due"));
-  }
-  if (next_ == 0) {
-    if (segment->count() < 2 || segment->count() > kMaxSegments)
-      reject(RejectReason::BadCounter, detail::concat("FragmentState: a streamed checkpoint of ", segment->count(),
-                                                      " segments (2 to ", kMaxSegments, ")"));
-    read_state_head(m, limits_, state_, specs_);
-    count_ = segment->count();
-    total_ = 0;
-    for (const auto& spec : *specs_) total_ += static_cast<uint64_t>(spec.numel());
-    const std::array<const TensorVector*, 4> lists{m.params(), m.momentum(), m.outer_state(), m.downlink_residual()};
-    auto into = std::array<std::vector<DenseTensor>*, 4>{&state_.params, &state_.momentum, &state_.outer_state,
-                                                         &state_.downlink_residual};
-    for (size_t l = 0; l < lists.size(); ++l) {
-      lists_[l] = has_tensors(lists[l]);
-      if (!lists_[l] || (l > 0 && parts_ == StateParts::ParamsOnly)) continue;
-      into[l]->resize(specs_->size());
-      for (size_t k = 0; k < specs_->size(); ++k) {
-        (*into[l])[k].index = static_cast<uint32_t>(k);
-        (*into[l])[k].shape = (*specs_)[k].shape;
-        (*into[l])[k].values.resize(static_cast<size_t>((*specs_)[k].numel()));
-      }
-    }
-    if (!lists_[0]) reject(RejectReason::MissingField, "FragmentState: segment 0 without params");
-  } else {
-    if (segment->count() != count_ || m.fingerprint() != state_.fingerprint || m.fragment() != state_.fragment ||
-        m.version() != state_.version || m.checksum() != state_.checksum)
-      reject(RejectReason::ChunkMismatch,
-             detail::concat("FragmentState: segment ", next_, " (fragment ", m.fragment(), ", version ", m.version(),
-                            ", of ", segment->count(), ") does not continue fragment ", state_.fragment, " version ",
-                            state_.version, " (of ", count_, ")"));
-  }
-  if (segment->first() != next_value_ || segment->values() == 0 || segment->values() > total_ - next_value_)
-    reject(RejectReason::ChunkMismatch,
-           detail::concat("FragmentState: segment ", next_, " holds values ", segment->first(), " + ",
-                          segment->values(), ", the checkpoint's next value is ", next_value_, " of ", total_));
-  const bool last = next_ + 1 == count_;
-  if (last && segment->first() + segment->values() != total_)
-    reject(RejectReason::ChunkMismatch,
-           detail::concat("FragmentState: the last segment ends at value ", segment->first() + segment->values(),
-                          ", the fragment holds ", total_));
+  const wire::Segment& s = *segment;
+  check_segment_due(cursor_, s, "FragmentState", version_of(m.fragment(), m.version()));
   const std::array<const TensorVector*, 4> lists{m.params(), m.momentum(), m.outer_state(), m.downlink_residual()};
   const std::array<std::vector<DenseTensor>*, 4> into{&state_.params, &state_.momentum, &state_.outer_state,
                                                       &state_.downlink_residual};
+  if (cursor_.next == 0) {
+    read_state_head(m, limits_, state_, specs_);
+    begin_segments(cursor_, s, specs_values(*specs_));
+    for (size_t l = 0; l < lists.size(); ++l) {
+      lists_[l] = has_tensors(lists[l]);
+      if (lists_[l] && (l == 0 || parts_ == StateParts::All)) size_as_layout(*specs_, *into[l]);
+    }
+    if (!lists_[0]) reject(RejectReason::MissingField, "FragmentState: segment 0 without params");
+  } else if (m.fingerprint() != state_.fingerprint || m.fragment() != state_.fragment ||
+             m.version() != state_.version || m.checksum() != state_.checksum) {
+    reject(RejectReason::ChunkMismatch,
+           detail::concat("FragmentState: segment ", s.index(), " (", version_of(m.fragment(), m.version()),
+                          ") does not continue ", version_of(state_.fragment, state_.version)));
+  }
+  const bool last = check_segment_range(cursor_, s, "FragmentState");
   static constexpr std::array<const char*, 4> kNames{"params", "momentum", "outer_state", "downlink_residual"};
   for (size_t l = 0; l < lists.size(); ++l) {
     if (has_tensors(lists[l]) != lists_[l])
-      reject(RejectReason::ChunkMismatch, detail::concat("FragmentState: segment ", next_, lists_[l] ? " lacks " : " has ",
-                                                         kNames[l], ", segment 0 ", lists_[l] ? "has" : "had none"));
+      reject(RejectReason::ChunkMismatch, detail::concat("FragmentState: segment ", s.index(),
+                                                         lists_[l] ? " lacks " : " has ", kNames[l], ", segment 0 ",
+                                                         lists_[l] ? "has" : "had none"));
     if (lists_[l] && (l == 0 || parts_ == StateParts::All))
-      decode_dense_range(lists[l], *specs_, kStateCodec, kNames[l], segment->first(), segment->values(), *into[l]);
+      decode_dense_range(lists[l], *specs_, kStateCodec, kNames[l], s.first(), s.values(), *into[l]);
   }
-  next_value_ += segment->values();
-  ++next_;
+  advance_segment(cursor_, s);
   if (!last) return std::nullopt;
   check_checksum(state_.checksum, state_.params, "FragmentState");
   FragmentState out = std::move(state_);
@@ -595,27 +759,36 @@ std::optional<FragmentState> FragmentStateAssembler::add_opened(std::span<const 
 
 // ---- GenesisProposal --------------------------------------------------------------------------
 
-std::vector<uint8_t> encode_genesis_proposal(const GenesisProposal& msg, int zstd_level) {
+namespace {
+
+std::vector<uint8_t> build_genesis_proposal(const GenesisProposal& msg, uint64_t checksum, const SegmentRange* segment,
+                                            int zstd_level) {
   DILOCO_ENFORCE(msg.layout != nullptr, "encode_genesis_proposal needs the model's layout");
   DILOCO_ENFORCE(msg.layout->fingerprint == msg.fingerprint, "a proposal's layout must give its fingerprint");
-  auto& fbb = builder();
-  const auto tensors = add_dense(fbb, msg.tensors, kGenesisCodec);
-  const auto layout = add_model_layout(fbb, *msg.layout);
+  auto own = segment ? std::optional(segment_builder(segment->values, msg.tensors.size())) : std::nullopt;
+  auto& fbb = own ? *own : builder();
+  const auto tensors = segment ? add_dense_range(fbb, msg.tensors, segment->first, segment->values, kGenesisCodec)
+                               : add_dense(fbb, msg.tensors, kGenesisCodec);
+  const bool head = !segment || segment->index == 0;
+  const auto layout = head ? add_model_layout(fbb, *msg.layout) : 0;
   const auto run_id = fbb.CreateString(msg.run_id);
   const auto learner_id = fbb.CreateString(msg.learner_id);
   const auto region = fbb.CreateString(msg.region);
-  const uint64_t checksum = msg.checksum ? msg.checksum : checksum_fp32(msg.tensors);
-  const auto root = wire::CreateGenesisProposal(fbb, kSchemaVersion, run_id, msg.fingerprint, learner_id, region,
-                                                msg.fragment, msg.seq, msg.send_time_us, layout, checksum, tensors);
+  const auto segment_table =
+      segment ? wire::CreateSegment(fbb, segment->index, segment->count, segment->first, segment->values) : 0;
+  const auto root = wire::CreateGenesisProposal(fbb, segment ? kSegmentSchemaVersion : kSchemaVersion, run_id,
+                                                msg.fingerprint, learner_id, region, msg.fragment, msg.seq,
+                                                msg.send_time_us, layout, checksum, tensors, segment_table);
   wire::FinishGenesisProposalBuffer(fbb, root);
   return compress_finished(fbb, zstd_level);
 }
 
-GenesisProposal decode_genesis_proposal(std::span<const uint8_t> bytes, const DecodeLimits& limits) {
-  const auto& m = open_root<wire::GenesisProposal>(bytes, limits, wire::VerifyGenesisProposalBuffer,
-                                                   "GenesisProposal");
-  GenesisProposal out;
-  const auto& specs = self_described_specs(m.layout(), m.fingerprint(), m.fragment(), limits, out.layout);
+const wire::GenesisProposal& open_proposal(std::span<const uint8_t> bytes, const DecodeLimits& limits) {
+  return open_streamable<wire::GenesisProposal>(bytes, limits, wire::VerifyGenesisProposalBuffer, "GenesisProposal");
+}
+
+// Everything but the tensors (and the layout, which the caller reads).
+void read_proposal_head(const wire::GenesisProposal& m, GenesisProposal& out) {
   out.run_id = m.run_id()->str();
   out.fingerprint = m.fingerprint();
   out.learner_id = required(m.learner_id(), "learner_id");
@@ -627,10 +800,99 @@ GenesisProposal decode_genesis_proposal(std::span<const uint8_t> bytes, const De
   check_counter(out.seq, "seq");
   out.send_time_us = m.send_time_us();
   out.checksum = m.checksum();
-  out.wire_bytes = bytes.size();
+}
+
+}  // namespace
+
+std::vector<uint8_t> encode_genesis_proposal(const GenesisProposal& msg, int zstd_level) {
+  return build_genesis_proposal(msg, msg.checksum ? msg.checksum : checksum_fp32(msg.tensors), nullptr, zstd_level);
+}
+
+namespace {
+
+GenesisProposal decode_whole_proposal(const wire::GenesisProposal& m, const DecodeLimits& limits, size_t wire_bytes) {
+  GenesisProposal out;
+  const auto& specs = self_described_specs(m.layout(), m.fingerprint(), m.fragment(), limits, out.layout);
+  read_proposal_head(m, out);
+  out.wire_bytes = wire_bytes;
   decode_tensors(m.tensors(), specs, kGenesisCodec, "tensors", out.tensors);
   check_checksum(out.checksum, out.tensors, "GenesisProposal");
   return out;
+}
+
+}  // namespace
+
+GenesisProposal decode_genesis_proposal(std::span<const uint8_t> bytes, const DecodeLimits& limits) {
+  const auto& m = open_proposal(bytes, limits);
+  if (m.segment())
+    reject(RejectReason::ChunkMismatch,
+           detail::concat("GenesisProposal: segment ", m.segment()->index(), " of ", m.segment()->count(),
+                          " of a streamed proposal (read it with a GenesisProposalAssembler)"));
+  return decode_whole_proposal(m, limits, bytes.size());
+}
+
+uint32_t genesis_proposal_segments(const GenesisProposal& msg, uint64_t segment_bytes) {
+  return segments_for(fragment_values(msg.tensors), 4, segment_bytes, "proposal");
+}
+
+void for_each_genesis_proposal_segment(const GenesisProposal& msg, uint64_t segment_bytes, int zstd_level,
+                                       const SegmentSink& emit) {
+  const uint32_t count = genesis_proposal_segments(msg, segment_bytes);
+  const uint64_t checksum = msg.checksum ? msg.checksum : checksum_fp32(msg.tensors);
+  if (count == 1) {
+    emit(0, 1, build_genesis_proposal(msg, checksum, nullptr, zstd_level));
+    return;
+  }
+  for_each_range(fragment_values(msg.tensors), count, [&](const SegmentRange& range) {
+    emit(range.index, count, build_genesis_proposal(msg, checksum, &range, zstd_level));
+  });
+}
+
+GenesisProposalAssembler::GenesisProposalAssembler(DecodeLimits limits, size_t max_open)
+    : limits_(std::move(limits)), max_open_(max_open) {}
+
+std::optional<GenesisProposal> GenesisProposalAssembler::add(std::span<const uint8_t> bytes) {
+  ReleaseScratch release;
+  const auto& m = open_proposal(bytes, limits_);
+  if (!m.segment()) return decode_whole_proposal(m, limits_, bytes.size());
+  const wire::Segment& s = *m.segment();
+  const Key key{required(m.learner_id(), "learner_id"), m.fragment(), m.seq()};
+  const std::string about = detail::concat("learner ", std::get<0>(key), "'s proposal of fragment ", m.fragment(),
+                                           " (seq ", m.seq(), ")");
+  if (s.index() == 0) {
+    open_.erase(key);  // the same proposal sent again: the one begun is dropped
+    if (open_.size() >= max_open_)
+      reject(RejectReason::TooLarge, detail::concat("GenesisProposal: segment 0 of ", about, " while ", open_.size(),
+                                                    " streamed proposals are begun (at most ", max_open_, ")"));
+  }
+  auto it = open_.try_emplace(key).first;
+  try {
+    Open& o = it->second;
+    check_segment_due(o.cursor, s, "GenesisProposal", about);
+    if (o.cursor.next == 0) {
+      o.specs = &self_described_specs(m.layout(), m.fingerprint(), m.fragment(), limits_, o.proposal.layout);
+      read_proposal_head(m, o.proposal);
+      size_as_layout(*o.specs, o.proposal.tensors);
+      begin_segments(o.cursor, s, specs_values(*o.specs));
+    } else if (m.fingerprint() != o.proposal.fingerprint || m.checksum() != o.proposal.checksum || m.layout()) {
+      reject(RejectReason::ChunkMismatch,
+             detail::concat("GenesisProposal: segment ", s.index(), " of ", about,
+                            m.layout() ? " carries a layout (segment 0 alone does)"
+                                       : " disagrees with its segment 0 (fingerprint or checksum)"));
+    }
+    const bool last = check_segment_range(o.cursor, s, "GenesisProposal");
+    decode_dense_range(m.tensors(), *o.specs, kGenesisCodec, "tensors", s.first(), s.values(), o.proposal.tensors);
+    o.proposal.wire_bytes += bytes.size();
+    advance_segment(o.cursor, s);
+    if (!last) return std::nullopt;
+    check_checksum(o.proposal.checksum, o.proposal.tensors, "GenesisProposal");
+    GenesisProposal out = std::move(o.proposal);
+    open_.erase(it);
+    return out;
+  } catch (...) {
+    open_.erase(it);
+    throw;
+  }
 }
 
 }  // namespace diloco

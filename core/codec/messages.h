@@ -14,6 +14,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <tuple>
 #include <vector>
 
 #include "core/codec/quantize.h"
@@ -146,6 +147,74 @@ FragmentParams decode_fragment_params(std::span<const uint8_t> bytes, const Deco
 // parameters plus the change, checked against the update's checksum. Throws Rejection
 // (CorruptFrame) when the result does not match, InvalidInput when held is not its base.
 FragmentParams apply_fragment_update(const FragmentParams& held, const FragmentParams& update);
+
+// ---- Streamed messages (schemas/common.fbs Segment) ------------------------------------------
+// A message too large for one FlatBuffer (2 GiB) or for one piece of a process's memory travels
+// as segments: each a whole, strictly decoded message of its type with schema version 2 holding
+// one range of the fragment's values (counted over its tensors in layout order) and repeating the
+// header. A sender holds one encoded segment at a time, a reader decodes each into place: neither
+// ever holds the encoded message whole. Checkpoints (FragmentState), snapshots (FragmentParams)
+// and proposals (GenesisProposal) stream; deltas and updates are quantized (at most 4.5 bits a
+// value with int4) and travel whole.
+inline constexpr uint16_t kSegmentSchemaVersion = 2;
+inline constexpr uint32_t kMaxSegments = 1u << 20;
+
+// Called with each segment in order: its index, the count, and its bytes (valid during the call).
+using SegmentSink = std::function<void(uint32_t index, uint32_t count, std::span<const uint8_t> bytes)>;
+
+// A message as the parts it travels in: a streamed message's segments in order, or one part.
+using MessageParts = std::vector<std::vector<uint8_t>>;
+
+// Where a reader stands in one streamed message: the segment due and the values read so far.
+struct SegmentCursor {
+  uint32_t next = 0;        // the segment due (0: none begun)
+  uint32_t count = 0;       // segments of the message begun
+  uint64_t next_value = 0;  // the first value the due segment must hold
+  uint64_t total = 0;       // values of the fragment
+};
+
+// ---- Streamed snapshots -----------------------------------------------------------------------
+// How many segments a snapshot of `tensors` takes with at most `segment_bytes` of values (4
+// bytes each) in each: 1 when they fit, and it then travels as one whole message. InvalidInput
+// for a segment_bytes of 0, an update, or more than kMaxSegments segments.
+uint32_t fragment_params_segments(const FragmentParams& header, std::span<const DenseTensor> tensors,
+                                  uint64_t segment_bytes);
+// Encodes the snapshot of `tensors` with `header` (its own tensors are not read: a merger sends
+// the parameters it holds without copying them) as fragment_params_segments() segments, emitting
+// each as soon as it is built (one segment: the whole message, as encode_fragment_params writes
+// it). Every segment carries the header and the checksum of the whole version.
+void for_each_fragment_params_segment(const FragmentParams& header, std::span<const DenseTensor> tensors,
+                                      uint64_t segment_bytes, int zstd_level, const SegmentSink& emit);
+
+// Reads FragmentParams as one publisher sent them. A whole message (snapshot or update) comes back
+// at once, as decode_fragment_params gives it; a segment is decoded into place and the snapshot
+// comes back with its last segment, its checksum verified, `wire_bytes` the segments' bytes.
+// Segments of different fragments may interleave (one snapshot begun per fragment); whole
+// messages pass by a snapshot begun, and a segment 0 of a fragment drops the one begun (a newer
+// snapshot, or the same one sent again after a segment was lost). Memory: the snapshots begun,
+// decoded (4 bytes a parameter), and one segment.
+class FragmentParamsAssembler {
+ public:
+  explicit FragmentParamsAssembler(DecodeLimits limits);
+  // Throws Rejection for a message that fails strict decoding (its own reason), a segment other
+  // than the next one of its fragment's snapshot (ChunkMissing: a segment past 0 with none begun;
+  // ChunkMismatch otherwise), a segmented update (BadCodec), or one that disagrees with segment 0
+  // (ChunkMismatch: version, checksum, merger, epoch, codec, count or its range of values). The
+  // fragment's snapshot begun is dropped then.
+  std::optional<FragmentParams> add(std::span<const uint8_t> bytes);
+  // Snapshots begun and not complete.
+  size_t pending() const { return open_.size(); }
+  void reset() { open_.clear(); }
+
+ private:
+  struct Open {
+    FragmentParams params;
+    SegmentCursor cursor;
+    bool shuffled = true;
+  };
+  DecodeLimits limits_;
+  std::map<uint32_t, Open> open_;
+};
 
 // How a merger's new versions travel to subscribers (MergeRecord.downlink).
 struct DownlinkCodec {
@@ -289,18 +358,10 @@ enum class StateParts { All, ParamsOnly };
 FragmentState decode_fragment_state(std::span<const uint8_t> bytes, const DecodeLimits& limits,
                                     StateParts parts = StateParts::All);
 
-// ---- Streamed checkpoints (schemas/common.fbs Segment) ----------------------------------------
-// A checkpoint too large for one FlatBuffer (2 GiB: about 170M parameters with Nesterov and a
-// quantized downlink) or for one piece of a process's memory travels as segments: each a whole,
-// strictly decoded FragmentState of schema version 2 holding a range of the values of every
-// tensor list; segment 0 also carries the bookkeeping and the layout. A sender holds one encoded
-// segment at a time, a reader decodes each into place: neither ever holds the encoded checkpoint.
-inline constexpr uint16_t kSegmentSchemaVersion = 2;
-inline constexpr uint32_t kMaxSegments = 1u << 20;
-
-// Called with each segment in order: its index, the count, and its bytes (valid during the call).
-using SegmentSink = std::function<void(uint32_t index, uint32_t count, std::span<const uint8_t> bytes)>;
-
+// ---- Streamed checkpoints --------------------------------------------------------------------
+// A checkpoint too large for one FlatBuffer (about 170M parameters with Nesterov and a quantized
+// downlink) travels as segments (above): each FragmentState segment holds a range of the values
+// of every tensor list; segment 0 also carries the bookkeeping and the layout.
 // How many segments `msg` takes with at most `segment_bytes` of values in each (its tensor lists
 // counted together, 4 bytes a value): 1 when they fit, and it then travels as one whole message.
 // InvalidInput for a segment_bytes of 0 or more than kMaxSegments segments.
@@ -324,7 +385,7 @@ class FragmentStateAssembler {
   // checkpoint begun is dropped then: the next one starts at a segment 0 or a whole message.
   std::optional<FragmentState> add(std::span<const uint8_t> bytes);
   // Whether a streamed checkpoint is begun and not complete.
-  bool pending() const { return next_ != 0; }
+  bool pending() const { return cursor_.next != 0; }
   // Drops the checkpoint begun.
   void reset();
 
@@ -335,10 +396,7 @@ class FragmentStateAssembler {
   StateParts parts_;
   FragmentState state_;
   const std::vector<TensorSpec>* specs_ = nullptr;
-  uint32_t next_ = 0;  // the segment due
-  uint32_t count_ = 0;
-  uint64_t next_value_ = 0;
-  uint64_t total_ = 0;  // values of the fragment (of each list)
+  SegmentCursor cursor_;
   std::array<bool, 4> lists_{};  // params, momentum, outer_state, downlink_residual present
 };
 
@@ -363,6 +421,37 @@ std::vector<uint8_t> encode_genesis_proposal(const GenesisProposal& msg, int zst
 // Strict decoding as for a FragmentState (checksum verified, finite values, the fragment's shapes
 // against the reader's layout or the one the message carries).
 GenesisProposal decode_genesis_proposal(std::span<const uint8_t> bytes, const DecodeLimits& limits);
+
+// Streamed proposals, as snapshots stream: segment 0 also carries the layout.
+uint32_t genesis_proposal_segments(const GenesisProposal& msg, uint64_t segment_bytes);
+void for_each_genesis_proposal_segment(const GenesisProposal& msg, uint64_t segment_bytes, int zstd_level,
+                                       const SegmentSink& emit);
+
+// Reads proposals in log order. A whole one comes back at once (decode_genesis_proposal); a
+// segment is decoded into place and the proposal comes back with its last segment, its checksum
+// verified, `wire_bytes` the segments' bytes. Segments of different proposals (learner,
+// fragment, seq) may interleave, several learners writing one partition; those of one proposal
+// come in order. At most `max_open` proposals are begun at once.
+class GenesisProposalAssembler {
+ public:
+  explicit GenesisProposalAssembler(DecodeLimits limits, size_t max_open = 16);
+  // Rejection as FragmentParamsAssembler::add (TooLarge: a segment 0 beyond max_open proposals
+  // begun); the proposal begun that a segment belonged to is dropped then.
+  std::optional<GenesisProposal> add(std::span<const uint8_t> bytes);
+  size_t pending() const { return open_.size(); }
+  void reset() { open_.clear(); }
+
+ private:
+  using Key = std::tuple<std::string, uint32_t, uint64_t>;  // learner id, fragment, seq
+  struct Open {
+    GenesisProposal proposal;
+    const std::vector<TensorSpec>* specs = nullptr;
+    SegmentCursor cursor;
+  };
+  DecodeLimits limits_;
+  size_t max_open_;
+  std::map<Key, Open> open_;
+};
 
 // ---- Member ---------------------------------------------------------------------------------
 enum class Role : uint8_t { Learner = 0, Merger = 1, Evaluator = 2 };

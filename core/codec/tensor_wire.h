@@ -135,7 +135,7 @@ void decode_tensors(const TensorVector* tensors, const std::vector<TensorSpec>& 
 void decode_quantized(const TensorVector* tensors, const std::vector<TensorSpec>& specs,
                       const WireCodec& codec, const char* field, std::vector<QuantizedTensor>& out);
 
-// ---- value ranges (streamed messages, core/codec/segments.h) ---------------------------------
+// ---- value ranges (streamed messages, core/codec/messages.h) ---------------------------------
 // The values [first, first + count) of `tensors` (a fragment's tensors in layout order, their
 // values counted one tensor after another) as slices: one Tensor per tensor the range touches,
 // with the tensor's index and whole shape and `offset` the slice's first value in it. fp32 only.

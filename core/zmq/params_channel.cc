@@ -68,28 +68,31 @@ void ParamsPublisher::publish_to(const std::string& subscriber, uint32_t fragmen
 }
 
 namespace {
-// What a zero-copy message keeps alive until ZeroMQ frees it.
+// What a zero-copy part keeps alive until ZeroMQ frees it.
 struct Held {
-  std::shared_ptr<const std::vector<uint8_t>> message;
+  std::shared_ptr<const MessageParts> parts;
+  size_t index = 0;
   std::shared_ptr<std::atomic<uint64_t>> queued;
 };
 void release(void*, void* hint) {
   auto* held = static_cast<Held*>(hint);
-  held->queued->fetch_sub(held->message->size());
+  held->queued->fetch_sub((*held->parts)[held->index].size());
   delete held;
 }
 }  // namespace
 
 void ParamsPublisher::publish_to(const std::string& subscriber, uint32_t fragment,
-                                 std::shared_ptr<const std::vector<uint8_t>> message) {
-  if (!message) return;
+                                 std::shared_ptr<const MessageParts> parts) {
+  if (!parts) return;
   const std::string topic = std::string(kSnapshotPrefix) + subscriber + "." + std::to_string(fragment);
-  queued_->fetch_add(message->size());
-  auto* held = new Held{std::move(message), queued_};
-  auto* data = const_cast<uint8_t*>(held->message->data());
-  zmq::message_t frame(data, held->message->size(), release, held);  // owns `held` from here on
-  (void)socket_.send(zmq::buffer(topic), zmq::send_flags::sndmore | zmq::send_flags::dontwait);
-  (void)socket_.send(frame, zmq::send_flags::dontwait);
+  for (size_t i = 0; i < parts->size(); ++i) {
+    queued_->fetch_add((*parts)[i].size());
+    auto* held = new Held{parts, i, queued_};
+    auto* data = const_cast<uint8_t*>((*parts)[i].data());
+    zmq::message_t frame(data, (*parts)[i].size(), release, held);  // owns `held` from here on
+    (void)socket_.send(zmq::buffer(topic), zmq::send_flags::sndmore | zmq::send_flags::dontwait);
+    (void)socket_.send(frame, zmq::send_flags::dontwait);
+  }
 }
 
 void ParamsPublisher::publish_round_open(uint32_t fragment, std::span<const uint8_t> message) {

@@ -30,6 +30,7 @@
 
 #include <zmq.hpp>
 
+#include "core/codec/messages.h"
 #include "core/zmq/curve.h"
 
 namespace diloco {
@@ -53,9 +54,11 @@ class ParamsPublisher {
   void publish(uint32_t fragment, std::span<const uint8_t> message);
   // A snapshot for one subscriber (its id, as in Requests).
   void publish_to(const std::string& subscriber, uint32_t fragment, std::span<const uint8_t> message);
-  // The same without a copy: ZeroMQ holds `message` until it is sent (or dropped), and
-  // queued_bytes() counts it until then, so a caller can bound the memory its snapshots take.
-  void publish_to(const std::string& subscriber, uint32_t fragment, std::shared_ptr<const std::vector<uint8_t>> message);
+  // The same without a copy, for a message in parts (the segments of a streamed snapshot, one
+  // ZeroMQ message each, in order; one part when whole): ZeroMQ holds each part until it is sent
+  // (or dropped), `parts` is alive until the last one is, and queued_bytes() counts the parts not
+  // yet sent, so a caller can bound the memory its snapshots take.
+  void publish_to(const std::string& subscriber, uint32_t fragment, std::shared_ptr<const MessageParts> parts);
   // Bytes of shared messages handed to ZeroMQ and not yet sent or dropped.
   uint64_t queued_bytes() const { return queued_->load(); }
   // A RoundOpen notice of the fragment (same rules).

@@ -31,7 +31,7 @@ struct Harness {
         now, versions, [&] { return queued; },
         [&](uint32_t p) {
           ++encoded[p];
-          return std::make_shared<const std::vector<uint8_t>>(100 + p, static_cast<uint8_t>(p));
+          return std::make_shared<const MessageParts>(1, std::vector<uint8_t>(100 + p, static_cast<uint8_t>(p)));
         },
         [&](const std::string& id, uint32_t p, const SnapshotRequests::Message& m) {
           sent.emplace_back(id, p);
@@ -156,10 +156,12 @@ TEST_CASE("on a link that takes one snapshot per turn, a fragment asked for agai
     const size_t before = h.sent.size();
     h.requests.serve(
         h.now, h.versions, [&] { return h.queued; },
-        [&](uint32_t p) { return std::make_shared<const std::vector<uint8_t>>(1000, static_cast<uint8_t>(p)); },
+        [&](uint32_t p) {
+          return std::make_shared<const MessageParts>(1, std::vector<uint8_t>(1000, static_cast<uint8_t>(p)));
+        },
         [&](const std::string& id, uint32_t p, const SnapshotRequests::Message& m) {
           h.sent.emplace_back(id, p);
-          h.queued += m->size();  // at the bound now: the rest of the turn waits
+          h.queued += m->front().size();  // at the bound now: the rest of the turn waits
         });
     REQUIRE(h.sent.size() == before + 1);
     served.insert(h.sent.back().second);

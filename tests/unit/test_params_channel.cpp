@@ -165,7 +165,7 @@ TEST_CASE("a shared snapshot is sent without a copy and counted as queued until 
   REQUIRE(requests_within(pub, [](const auto& r) { return r.joined.count("slow") > 0; }).joined.count("slow"));
 
   // Nobody subscribed to this id: the publisher drops the message at once and lets go of it.
-  auto unseen = std::make_shared<const std::vector<uint8_t>>(1000, 1);
+  auto unseen = std::make_shared<const MessageParts>(2, std::vector<uint8_t>(1000, 1));
   pub.publish_to("nobody", 0, unseen);
   CHECK(unseen.use_count() == 1);
   CHECK(pub.queued_bytes() == 0);
@@ -174,9 +174,9 @@ TEST_CASE("a shared snapshot is sent without a copy and counted as queued until 
   // socket buffers take a few MiB, the rest stays in the publisher's queue, held by reference
   // (the same bytes, not a copy).
   constexpr size_t kSize = 32u << 20;
-  std::vector<std::shared_ptr<const std::vector<uint8_t>>> snapshots;
+  std::vector<std::shared_ptr<const MessageParts>> snapshots;
   for (uint8_t fill : {uint8_t{5}, uint8_t{6}, uint8_t{7}}) {
-    snapshots.push_back(std::make_shared<const std::vector<uint8_t>>(kSize, fill));
+    snapshots.push_back(std::make_shared<const MessageParts>(1, std::vector<uint8_t>(kSize, fill)));
     pub.publish_to("slow", fill, snapshots.back());
   }
   // The first message leaves the queue once its send completes: wait for that, not a fixed time.
@@ -199,6 +199,38 @@ TEST_CASE("a shared snapshot is sent without a copy and counted as queued until 
   for (int i = 0; i < 100 && pub.queued_bytes() > 0; ++i) std::this_thread::sleep_for(10ms);
   CHECK(pub.queued_bytes() == 0);
   for (const auto& s : snapshots) CHECK(s.use_count() == 1);
+}
+
+TEST_CASE("a message in parts goes out as one ZeroMQ message per part, in order, held until the last is sent",
+          "[zmq]") {
+  zmq::context_t context;
+  ParamsPublisher pub(context, "tcp://127.0.0.1:*");
+  ParamsSubscriber sub(context, 1, "slow");
+  sub.connect(pub.bound_endpoint());
+  REQUIRE(requests_within(pub, [](const auto& r) { return r.joined.count("slow") > 0; }).joined.count("slow"));
+  // Three parts of 16 MiB to a subscriber that does not read yet: the last ones wait in the queue,
+  // which holds the parts (not copies) and counts their bytes until each is sent.
+  constexpr size_t kSize = 16u << 20;
+  auto parts = std::make_shared<MessageParts>();
+  for (uint8_t fill : {uint8_t{1}, uint8_t{2}, uint8_t{3}}) parts->emplace_back(kSize, fill);
+  const std::shared_ptr<const MessageParts> shared = std::move(parts);
+  pub.publish_to("slow", 4, shared);
+  CHECK(pub.queued_bytes() > 0);
+  CHECK(pub.queued_bytes() <= 3 * kSize);
+  CHECK(shared.use_count() > 1);
+  for (uint8_t fill : {uint8_t{1}, uint8_t{2}, uint8_t{3}}) {
+    auto got = sub.receive(5000ms);
+    REQUIRE(got);
+    CHECK(got->snapshot_for_me);
+    CHECK(got->fragment == 4);
+    CHECK(got->message.size() == kSize);
+    CHECK(got->message.front() == fill);
+    CHECK(got->message.back() == fill);
+  }
+  for (int i = 0; i < 100 && (pub.queued_bytes() > 0 || shared.use_count() > 1); ++i)
+    std::this_thread::sleep_for(10ms);
+  CHECK(pub.queued_bytes() == 0);
+  CHECK(shared.use_count() == 1);
 }
 
 TEST_CASE("malformed framing is skipped, not crashed on", "[zmq]") {

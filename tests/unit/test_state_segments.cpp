@@ -1,6 +1,7 @@
-// Streamed checkpoints (core/codec/messages.h, schemas/common.fbs Segment): a FragmentState
-// encoded segment by segment and read back by a FragmentStateAssembler, and every way a segment
-// can fail to continue its checkpoint. Hostile segments are built by hand with the generated
+// Streamed messages (core/codec/messages.h, schemas/common.fbs Segment): checkpoints (a
+// FragmentState encoded segment by segment and read back by a FragmentStateAssembler), snapshots
+// (FragmentParamsAssembler) and proposals (GenesisProposalAssembler), and every way a segment can
+// fail to continue its message. Hostile checkpoint segments are built by hand with the generated
 // FlatBuffers builder, so they do not depend on the encoder under test.
 #include <catch2/catch.hpp>
 
@@ -370,5 +371,252 @@ TEST_CASE("hand-written segments: the slices must tile the segment's range", "[c
     FragmentStateAssembler b(no_layout);
     CHECK(testing::rejection([&] { (void)b.add(hand_segment(layout, params, 4, 0, 2, 0, 139, {{0, 0, 132}, {1, 0, 7}}, 2, false)); }) ==
           "missing_field");
+  }
+}
+
+// ---- streamed snapshots and proposals -------------------------------------------------------
+
+namespace {
+
+FragmentParams snapshot_header(const FragmentLayout& layout, uint32_t fragment, uint64_t version,
+                               const std::string& merger = "merger-a", uint64_t epoch = 3) {
+  return FragmentParams{.run_id = "run-1", .fingerprint = layout.fingerprint, .fragment = fragment,
+                        .version = version, .checksum = 0, .merger_instance = merger, .epoch = epoch};
+}
+
+std::vector<std::vector<uint8_t>> snapshot_segments(const FragmentParams& header, const std::vector<DenseTensor>& values,
+                                                    uint64_t segment_bytes) {
+  std::vector<std::vector<uint8_t>> out;
+  for_each_fragment_params_segment(header, values, segment_bytes, 1,
+                                   [&](uint32_t index, uint32_t count, std::span<const uint8_t> b) {
+                                     CHECK(index == out.size());
+                                     CHECK(count == fragment_params_segments(header, values, segment_bytes));
+                                     out.emplace_back(b.begin(), b.end());
+                                   });
+  return out;
+}
+
+GenesisProposal proposal_of(const FragmentLayout& layout, const std::string& learner, uint32_t fragment, uint64_t seq) {
+  return GenesisProposal{.run_id = "run-1", .fingerprint = layout.fingerprint, .learner_id = learner,
+                         .region = "eu", .fragment = fragment, .seq = seq, .send_time_us = 17,
+                         .layout = std::make_shared<const FragmentLayout>(layout),
+                         .tensors = values_of(layout, fragment, seq)};
+}
+
+std::vector<std::vector<uint8_t>> proposal_segments(const GenesisProposal& p, uint64_t segment_bytes) {
+  std::vector<std::vector<uint8_t>> out;
+  for_each_genesis_proposal_segment(p, segment_bytes, 1, [&](uint32_t index, uint32_t count, std::span<const uint8_t> b) {
+    CHECK(index == out.size());
+    CHECK(count == genesis_proposal_segments(p, segment_bytes));
+    out.emplace_back(b.begin(), b.end());
+  });
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("a snapshot streamed in segments reads back as the whole one", "[codec][segments]") {
+  const auto layout = make_layout();
+  const auto limits = limits_for(layout);
+  const auto values = values_of(layout, 0, 42);
+  const auto header = snapshot_header(layout, 0, 7);
+  // 154 values of 4 bytes: one value a segment, segments that split tensors, two segments.
+  for (const auto& [segment_bytes, expected] : std::vector<std::pair<uint64_t, size_t>>{{4, 154}, {100, 7}, {600, 2}}) {
+    INFO("segment bytes " << segment_bytes);
+    const auto segments = snapshot_segments(header, values, segment_bytes);
+    REQUIRE(segments.size() == expected);
+    FragmentParamsAssembler assembler(limits);
+    std::optional<FragmentParams> got;
+    size_t bytes = 0;
+    for (size_t i = 0; i < segments.size(); ++i) {
+      bytes += segments[i].size();
+      got = assembler.add(segments[i]);
+      CHECK(got.has_value() == (i + 1 == segments.size()));
+      CHECK(assembler.pending() == (i + 1 == segments.size() ? 0u : 1u));
+    }
+    REQUIRE(got.has_value());
+    CHECK(flat(got->tensors) == flat(values));
+    CHECK(got->checksum == xxh_of(values));
+    CHECK(got->version == 7);
+    CHECK(got->merger_instance == "merger-a");
+    CHECK(got->epoch == 3);
+    CHECK_FALSE(got->update);
+    CHECK(got->wire_bytes == bytes);
+    for (size_t k = 0; k < values.size(); ++k) CHECK(got->tensors[k].shape == values[k].shape);
+    // The whole-message decoder points to the assembler.
+    CHECK_REJECTS(decode_fragment_params(segments[0], limits), ChunkMismatch);
+  }
+  SECTION("a snapshot that fits one segment is the whole message, read by both readers") {
+    const auto segments = snapshot_segments(header, values, 616);
+    REQUIRE(segments.size() == 1);
+    FragmentParams whole = header;
+    whole.tensors = values;
+    CHECK(segments[0] == encode_fragment_params(whole));
+    CHECK(flat(decode_fragment_params(segments[0], limits).tensors) == flat(values));
+    FragmentParamsAssembler assembler(limits);
+    const auto got = assembler.add(segments[0]);
+    REQUIRE(got.has_value());
+    CHECK(flat(got->tensors) == flat(values));
+  }
+  SECTION("updates never travel in segments") {
+    FragmentParams update = header;
+    update.update = true;
+    update.base_version = 6;
+    CHECK_THROWS_AS(fragment_params_segments(update, values, 100), InvalidInput);
+  }
+}
+
+TEST_CASE("snapshot segments of different fragments interleave, and whole messages pass by", "[codec][segments]") {
+  const auto layout = make_layout();
+  const auto limits = limits_for(layout);
+  const auto values0 = values_of(layout, 0, 1);
+  const auto values1 = values_of(layout, 1, 2);
+  const auto a = snapshot_segments(snapshot_header(layout, 0, 5), values0, 200);   // 4 segments
+  const auto b = snapshot_segments(snapshot_header(layout, 1, 8), values1, 8);     // 2 segments
+  REQUIRE(a.size() == 4);
+  REQUIRE(b.size() == 2);
+  FragmentParams whole1 = snapshot_header(layout, 1, 9);
+  whole1.tensors = values_of(layout, 1, 3);
+  FragmentParamsAssembler assembler(limits);
+  CHECK_FALSE(assembler.add(a[0]));
+  CHECK_FALSE(assembler.add(b[0]));
+  CHECK_FALSE(assembler.add(a[1]));
+  const auto passed = assembler.add(encode_fragment_params(whole1));  // while both are begun
+  REQUIRE(passed.has_value());
+  CHECK(passed->version == 9);
+  CHECK(assembler.pending() == 2);
+  const auto got1 = assembler.add(b[1]);
+  REQUIRE(got1.has_value());
+  CHECK(flat(got1->tensors) == flat(values1));
+  CHECK_FALSE(assembler.add(a[2]));
+  const auto got0 = assembler.add(a[3]);
+  REQUIRE(got0.has_value());
+  CHECK(flat(got0->tensors) == flat(values0));
+  CHECK(assembler.pending() == 0);
+}
+
+TEST_CASE("snapshot segments that do not continue their snapshot are rejected, and it is dropped",
+          "[codec][segments][reject]") {
+  const auto layout = make_layout();
+  const auto limits = limits_for(layout);
+  const auto values = values_of(layout, 0, 4);
+  const auto segments = snapshot_segments(snapshot_header(layout, 0, 11), values, 100);  // 7 segments
+  REQUIRE(segments.size() == 7);
+  FragmentParamsAssembler assembler(limits);
+  auto feed_all = [&](const std::vector<std::vector<uint8_t>>& list) {
+    std::optional<FragmentParams> out;
+    for (const auto& s : list) out = assembler.add(s);
+    return out;
+  };
+  SECTION("a lost segment, then the rest without its start") {
+    (void)assembler.add(segments[0]);
+    CHECK_REJECTS(assembler.add(segments[2]), ChunkMismatch);
+    CHECK(assembler.pending() == 0);
+    CHECK_REJECTS(assembler.add(segments[3]), ChunkMissing);
+  }
+  SECTION("a segment 0 begins again: the snapshot sent again after a loss reads whole") {
+    (void)assembler.add(segments[0]);
+    (void)assembler.add(segments[1]);
+    const auto got = feed_all(segments);
+    REQUIRE(got.has_value());
+    CHECK(flat(got->tensors) == flat(values));
+  }
+  SECTION("a segment of another version, merger or epoch in the middle") {
+    const auto other_version = snapshot_segments(snapshot_header(layout, 0, 12), values, 100);
+    const auto other_merger = snapshot_segments(snapshot_header(layout, 0, 11, "merger-b"), values, 100);
+    const auto other_epoch = snapshot_segments(snapshot_header(layout, 0, 11, "merger-a", 4), values, 100);
+    for (const auto* other : {&other_version, &other_merger, &other_epoch}) {
+      (void)assembler.add(segments[0]);
+      CHECK_REJECTS(assembler.add((*other)[1]), ChunkMismatch);
+      CHECK(assembler.pending() == 0);
+    }
+  }
+  SECTION("a changed value fails the checksum at the end") {
+    auto header = snapshot_header(layout, 0, 11);
+    header.checksum = xxh_of(values);
+    auto tampered = values;
+    tampered[2].values[1] += 1.0f;
+    const auto bad = snapshot_segments(header, tampered, 100);
+    for (size_t i = 0; i + 1 < bad.size(); ++i) CHECK_FALSE(assembler.add(bad[i]).has_value());
+    CHECK_REJECTS(assembler.add(bad.back()), CorruptFrame);
+    CHECK(assembler.pending() == 0);
+  }
+  SECTION("another run's or model's segments") {
+    DecodeLimits other_run = limits;
+    other_run.run_id = "run-2";
+    FragmentParamsAssembler a2(other_run);
+    CHECK_REJECTS(a2.add(segments[0]), WrongRunId);
+    DecodeLimits other_model = limits;
+    other_model.fingerprint ^= 1;
+    FragmentParamsAssembler a3(other_model);
+    CHECK_REJECTS(a3.add(segments[0]), WrongFingerprint);
+  }
+}
+
+TEST_CASE("a proposal streamed in segments reads back as the whole one, several learners interleaved",
+          "[codec][segments]") {
+  // A layout whose fingerprint is its own (the proposal's reader derives it from the tensors).
+  const auto layout = partition_tensors(make_layout().tensors, 2);
+  DecodeLimits any = limits_for(layout);
+  any.layout = nullptr;  // as a merger reads proposals: against the layout they carry
+  any.fingerprint = 0;
+  const auto pa = proposal_of(layout, "learner-a", 0, 5);
+  const auto pb = proposal_of(layout, "learner-b", 0, 9);
+  const auto a = proposal_segments(pa, 120);
+  const auto b = proposal_segments(pb, 60);
+  REQUIRE(a.size() >= 3);
+  REQUIRE(b.size() > a.size());
+  GenesisProposalAssembler assembler(any);
+  std::optional<GenesisProposal> got_a, got_b;
+  for (size_t i = 0; i < b.size(); ++i) {
+    if (i < a.size()) got_a = assembler.add(a[i]);
+    got_b = assembler.add(b[i]);
+  }
+  REQUIRE(got_a.has_value());
+  REQUIRE(got_b.has_value());
+  CHECK(got_a->learner_id == "learner-a");
+  CHECK(got_a->seq == 5);
+  CHECK(flat(got_a->tensors) == flat(pa.tensors));
+  CHECK(got_a->checksum == xxh_of(pa.tensors));
+  REQUIRE(got_a->layout);
+  CHECK(got_a->layout->fingerprint == layout.fingerprint);
+  CHECK(flat(got_b->tensors) == flat(pb.tensors));
+  CHECK(assembler.pending() == 0);
+  CHECK_REJECTS(decode_genesis_proposal(a[0], any), ChunkMismatch);
+  // One that fits a segment is the whole message, as encode_genesis_proposal writes it.
+  const auto whole = proposal_segments(pa, 1 << 20);
+  REQUIRE(whole.size() == 1);
+  CHECK(whole[0] == encode_genesis_proposal(pa));
+  CHECK(assembler.add(whole[0]).has_value());
+}
+
+TEST_CASE("streamed proposals: bounded, strict, and dropped on a rejection", "[codec][segments][reject]") {
+  const auto layout = make_layout();
+  const auto limits = limits_for(layout);
+  const auto p = proposal_of(layout, "learner-a", 0, 5);
+  const auto segments = proposal_segments(p, 100);
+  SECTION("at most max_open proposals begun") {
+    GenesisProposalAssembler assembler(limits, 2);
+    (void)assembler.add(proposal_segments(proposal_of(layout, "learner-b", 0, 1), 100)[0]);
+    (void)assembler.add(proposal_segments(proposal_of(layout, "learner-c", 0, 1), 100)[0]);
+    CHECK_REJECTS(assembler.add(segments[0]), TooLarge);
+    CHECK(assembler.pending() == 2);
+  }
+  SECTION("a lost segment") {
+    GenesisProposalAssembler assembler(limits);
+    (void)assembler.add(segments[0]);
+    CHECK_REJECTS(assembler.add(segments[2]), ChunkMismatch);
+    CHECK(assembler.pending() == 0);
+    CHECK_REJECTS(assembler.add(segments[3]), ChunkMissing);
+  }
+  SECTION("a changed value fails the checksum at the end") {
+    auto tampered = p;
+    tampered.checksum = xxh_of(p.tensors);
+    tampered.tensors[0].values[5] -= 1.0f;
+    const auto bad = proposal_segments(tampered, 100);
+    GenesisProposalAssembler assembler(limits);
+    for (size_t i = 0; i + 1 < bad.size(); ++i) CHECK_FALSE(assembler.add(bad[i]).has_value());
+    CHECK_REJECTS(assembler.add(bad.back()), CorruptFrame);
+    CHECK(assembler.pending() == 0);
   }
 }
