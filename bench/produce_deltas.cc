@@ -105,13 +105,8 @@ void propose_genesis(const KafkaOptions& kafka, const RunConfig& config, const R
       for (auto& x : v) x = normal(rng);
       proposal.tensors.push_back(DenseTensor{t, spec.shape, std::move(v)});
     }
-    const auto bytes = encode_genesis_proposal(proposal);
-    for_each_piece(bytes, ChunkId{config.run.id, proposal.learner_id, p, seq}, config.codec.chunk_bytes,
-                   [&](uint32_t, uint32_t, std::span<const uint8_t> piece) {
-                     producer.produce({.topic = topics.genesis(), .partition = static_cast<int32_t>(p % static_cast<uint32_t>(partitions)),
-                                       .key = std::to_string(p), .value = piece},
-                                      p, 60000);
-                   });
+    (void)produce_proposal(producer, topics, partitions, proposal, config.codec.segment_bytes, config.codec.chunk_bytes,
+                           p, 60000);
     // Delivered before the next fragment is made: librdkafka keeps a copy of every piece until
     // then, and a model's worth of queued proposals is more memory than the rest of the run.
     if (producer.flush(60000) != 0 || failed) throw Unavailable("the proposals of version 0 were not delivered");

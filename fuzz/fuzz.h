@@ -122,4 +122,16 @@ inline bool same_bits(std::span<const float> a, std::span<const float> b) {
   return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
 }
 
+// A log of messages, each [2-byte length, little endian][bytes] (a length past the end takes
+// what is left), handed to `take` in order: the input of the targets that read streamed messages.
+template <typename Take>
+void for_each_logged(const uint8_t* data, size_t size, Take&& take) {
+  size_t at = 0;
+  while (at + 2 <= size) {
+    const size_t length = std::min<size_t>(data[at] | (data[at + 1] << 8), size - at - 2);
+    take(std::span<const uint8_t>(data + at + 2, length));
+    at += 2 + length;
+  }
+}
+
 }  // namespace diloco::fuzz

@@ -45,6 +45,18 @@ void message(const std::string& target, const std::string& name, const std::vect
   }
 }
 
+// A log of messages as the streamed-message targets read it: the mode byte, then each message as
+// [2-byte length, little endian][bytes].
+std::vector<uint8_t> logged(uint8_t mode, const std::vector<std::vector<uint8_t>>& messages) {
+  std::vector<uint8_t> log{mode};
+  for (const auto& m : messages) {
+    log.push_back(static_cast<uint8_t>(m.size()));
+    log.push_back(static_cast<uint8_t>(m.size() >> 8));
+    log.insert(log.end(), m.begin(), m.end());
+  }
+  return log;
+}
+
 // Values of fragment p, deterministic, with a zero and a negative zero.
 std::vector<DenseTensor> tensors(uint32_t p, float scale) {
   std::vector<DenseTensor> out;
@@ -108,6 +120,14 @@ void fragment_params() {
   const CodecOptions sparse{.dtype = DType::INT4, .block_size = 8, .topk = 2, .byte_shuffle = false};
   message("fragment_params", "int4-sparse-update-fragment1",
           encode_fragment_update(update, topk_feedback(tensors(1, 1e-2f), sparse), sparse));
+  // streamed_params: the snapshot in segments of 64 bytes of values with the update between two
+  // of them (first byte 0: snapshots), as a publisher's messages reach a subscriber.
+  std::vector<std::vector<uint8_t>> segments;
+  for_each_fragment_params_segment(snapshot, snapshot.tensors, 64, 1,
+                                   [&](uint32_t, uint32_t, std::span<const uint8_t> b) { segments.emplace_back(b.begin(), b.end()); });
+  segments.insert(segments.begin() + 1, encode_fragment_update(update, change, int8));
+  write("streamed_params", "snapshot-segments", logged(0, segments));
+
 }
 
 DeltaRef delta_ref(int64_t offset, const std::string& learner) {
@@ -142,15 +162,12 @@ void fragment_states() {
   message("fragment_state", "sgd-fragment1", encode_fragment_state(plain), true);
   // state_segments: the first checkpoint streamed in segments of 96 bytes of values, as a log
   // read with the run's layout (first byte 0) and with the one segment 0 carries (1).
-  for (const uint8_t mode : {uint8_t{0}, uint8_t{1}}) {
-    std::vector<uint8_t> log{mode};
-    for_each_fragment_state_segment(s, 96, 1, [&](uint32_t, uint32_t, std::span<const uint8_t> segment) {
-      log.push_back(static_cast<uint8_t>(segment.size()));
-      log.push_back(static_cast<uint8_t>(segment.size() >> 8));
-      log.insert(log.end(), segment.begin(), segment.end());
-    });
-    write("state_segments", mode ? "streamed-own-layout" : "streamed-run-layout", log);
-  }
+  std::vector<std::vector<uint8_t>> segments;
+  for_each_fragment_state_segment(s, 96, 1, [&](uint32_t, uint32_t, std::span<const uint8_t> segment) {
+    segments.emplace_back(segment.begin(), segment.end());
+  });
+  for (const uint8_t mode : {uint8_t{0}, uint8_t{1}})
+    write("state_segments", mode ? "streamed-own-layout" : "streamed-run-layout", logged(mode, segments));
 }
 
 void genesis_proposals() {
@@ -160,6 +177,23 @@ void genesis_proposals() {
                       .tensors = tensors(p, 0.02f)};
     message("genesis_proposal", "fragment" + std::to_string(p), encode_genesis_proposal(g), true);
   }
+  // streamed_params: two learners' proposals of fragment 0 in segments of 64 bytes of values,
+  // interleaved, read with the run's layout (first byte 1) and with the one segment 0 carries (3).
+  std::vector<std::vector<uint8_t>> a, b, log;
+  for (auto* into : {&a, &b}) {
+    GenesisProposal g{.run_id = "run-1", .fingerprint = layout().fingerprint, .learner_id = into == &a ? "eu-0" : "us-0",
+                      .region = "eu", .fragment = 0, .seq = 1, .send_time_us = 1'700'000'000'000'000,
+                      .layout = shared_layout(), .tensors = tensors(0, 0.02f)};
+    for_each_genesis_proposal_segment(g, 64, 1, [&](uint32_t, uint32_t, std::span<const uint8_t> segment) {
+      into->emplace_back(segment.begin(), segment.end());
+    });
+  }
+  for (size_t i = 0; i < std::max(a.size(), b.size()); ++i) {
+    if (i < a.size()) log.push_back(a[i]);
+    if (i < b.size()) log.push_back(b[i]);
+  }
+  write("streamed_params", "proposals-run-layout", logged(1, log));
+  write("streamed_params", "proposals-own-layout", logged(3, log));
   // A layout at the edge of what a message may carry: one tensor of kMaxFragments rows over
   // kMaxFragments fragments, a one-row block in each (rebuilding it once took fragments x pieces
   // steps: a libFuzzer timeout).

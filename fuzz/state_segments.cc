@@ -14,21 +14,17 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const uint8_t mode = data[0];
   const DecodeLimits& limits = fuzz::limits((mode & 1) == 0);
   FragmentStateAssembler assembler(limits);
-  size_t at = 1;
-  while (at + 2 <= size) {
-    const size_t length = std::min<size_t>(data[at] | (data[at + 1] << 8), size - at - 2);
-    const std::span<const uint8_t> bytes(data + at + 2, length);
-    at += 2 + length;
+  for_each_logged(data + 1, size - 1, [&](std::span<const uint8_t> bytes) {
     std::optional<FragmentState> state;
     try {
       state = assembler.add(bytes);
     } catch (const Rejection&) {
       expect(!assembler.pending(), "a rejection left a checkpoint begun");
-      continue;
+      return;
     }
     if (!state) {
       expect(assembler.pending(), "a segment taken without a checkpoint begun");
-      continue;
+      return;
     }
     expect(!assembler.pending(), "a checkpoint handed on while still begun");
     expect(state->checksum == checksum_fp32(state->params), "a checkpoint accepted with another checksum");
@@ -46,6 +42,6 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
            "a re-streamed checkpoint came back another");
     for (size_t k = 0; k < state->params.size(); ++k)
       expect(same_bits(back->params[k].values, state->params[k].values), "a re-streamed checkpoint changed its values");
-  }
+  });
   return 0;
 }

@@ -323,15 +323,12 @@ std::vector<LogPosition> LearnerRuntime::Impl::propose_genesis(const std::vector
     GenesisProposal proposal{.run_id = o.config.run.id, .fingerprint = layout->fingerprint, .learner_id = o.learner_id,
                              .region = o.region, .fragment = p, .seq = seqs[p], .send_time_us = unix_us(),
                              .layout = layout, .tensors = read_tensors(p)};
-    const auto bytes = encode_genesis_proposal(proposal);
-    const ChunkId id{o.config.run.id, o.learner_id, p, seqs[p]};
-    for_each_piece(bytes, id, o.config.codec.chunk_bytes, [&](uint32_t, uint32_t, std::span<const uint8_t> piece) {
-      producer.produce({.topic = topics.genesis(), .partition = static_cast<int32_t>(p % static_cast<uint32_t>(partitions)),
-                        .key = std::to_string(p), .value = piece},
-                       p, o.kafka.connect_timeout_ms);
-    });
+    // Above codec.segment_bytes of values it goes out in segments (core/kafka/run_log.h).
+    const SentMessage sent = produce_proposal(producer, topics, partitions, proposal, o.config.codec.segment_bytes,
+                                              o.config.codec.chunk_bytes, p, o.kafka.connect_timeout_ms);
     metrics.add("genesis_proposals_total", 1);
-    log({{"event", "genesis_proposal"}, {"fragment", p}, {"seq", seqs[p]}, {"wire_bytes", bytes.size()}});
+    log({{"event", "genesis_proposal"}, {"fragment", p}, {"seq", seqs[p]}, {"wire_bytes", sent.bytes},
+         {"segments", sent.segments}});
   }
   if (producer.flush(o.kafka.connect_timeout_ms) != 0 || failed)
     throw Unavailable(detail::concat("the proposal of version 0 did not reach ", topics.genesis(), ": ",
@@ -834,7 +831,11 @@ void LearnerRuntime::close(std::string_view reason) {
   for (auto [p, seq] : undelivered) lost.push_back({{"fragment", p}, {"seq", seq}});
   nlohmann::json record{{"event", "shutdown"}, {"delivered", stats.delivered}, {"superseded", stats.superseded},
                         {"bytes_sent", stats.bytes_delivered}, {"undelivered", lost}};
-  if (s.inbox) record["bytes_received"] = s.inbox->bytes_received();
+  if (s.inbox) {
+    record["bytes_received"] = s.inbox->bytes_received();
+    record["snapshots_received"] = s.inbox->snapshots();
+    record["updates_received"] = s.inbox->updates();
+  }
   const KafkaTraffic kafka = kafka_traffic();
   record["kafka_sent"] = kafka.sent;
   record["kafka_received"] = kafka.received;

@@ -352,15 +352,21 @@ void MergerProcess::handle_delta(ConsumedMessage record) {
 // of the same model (learners that started together) is rejected as genesis_exists, which the
 // learner ignores.
 void MergerProcess::handle_proposal(const ConsumedMessage& message) {
-  DecodeLimits any = limits();
-  any.layout = nullptr;  // decoded against its own layout, compared with the run's below
+  // Decoded against its own layout, compared with the run's below. A streamed one (above
+  // codec.segment_bytes of values) comes together segment by segment.
   GenesisProposal proposal;
   try {
-    proposal = decode_genesis_proposal(message.value, any);
+    auto read = book_.read_proposal(message);
+    if (!read) {
+      metrics_.add("proposal_segments_total", 1);
+      return;
+    }
+    proposal = std::move(*read);
   } catch (const Rejection& e) {
     reject(message, reject_reason_name(e.reason), e.what());
     return;
   }
+  const LogPosition at = book_.proposal_head();
   const uint32_t p = proposal.fragment;
   const std::string who = "learner " + proposal.learner_id;
   if (book_.partition_of(p) != message.partition || (!book_.awaiting_genesis.count(p) && !book_.owned.count(p))) {
@@ -397,8 +403,7 @@ void MergerProcess::handle_proposal(const ConsumedMessage& message) {
                                               input_bounds());
   MergeRecord record{.run_id = o_.config.run.id, .fingerprint = layout_->fingerprint, .fragment = p, .version = 0,
                      .prev_version = 0,
-                     .inputs = {DeltaRef{.position = {message.topic, message.partition, message.offset},
-                                         .learner_id = proposal.learner_id, .seq = proposal.seq}},
+                     .inputs = {DeltaRef{.position = at, .learner_id = proposal.learner_id, .seq = proposal.seq}},
                      .rule = merge_rule(o_.config), .optimizer = outer_optimizer(o_.config),
                      .hyper = outer_hyper(o_.config), .checksum = f.state.checksum, .merger_instance = o_.instance_id,
                      .epoch = epoch_, .merge_time_us = unix_us(), .genesis = true};

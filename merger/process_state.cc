@@ -4,8 +4,26 @@
 
 namespace diloco {
 
+namespace {
+// Proposals are read against the layout they carry: the run may have none yet, and one of another
+// model is rejected by how it differs (merger_process.cc handle_proposal).
+DecodeLimits any_layout(DecodeLimits limits) {
+  limits.layout = nullptr;
+  return limits;
+}
+}  // namespace
+
 ProcessState::ProcessState(const std::atomic<bool>& stop, uint32_t fragments, DecodeLimits limits)
-    : stop_(stop), fragments_(fragments), chunks_(std::move(limits)) {}
+    : stop_(stop), fragments_(fragments), chunks_(limits), proposals_(any_layout(limits)) {}
+
+void ProcessState::set_limits(DecodeLimits limits) {
+  proposals_.set_limits(any_layout(limits));
+  chunks_.set_limits(std::move(limits));
+}
+
+std::optional<GenesisProposal> ProcessState::read_proposal(const ConsumedMessage& message) {
+  return proposals_.add(message.value, {message.topic, message.partition, message.offset});
+}
 
 std::vector<uint32_t> ProcessState::fragments_of(int32_t partition) const {
   std::vector<uint32_t> out;
@@ -69,6 +87,7 @@ void ProcessState::rewound() {
 void ProcessState::forget_consumed() {
   next_offset_.clear();
   chunks_.clear();
+  proposals_.reset();
   spans_.clear();
 }
 
@@ -99,6 +118,7 @@ std::vector<TopicPartitionOffset> ProcessState::offsets_holding(const std::vecto
   };
   for (const auto& pos : held) hold(pos);
   for (const auto& pos : chunks_.open_heads()) hold(pos);
+  for (const auto& pos : proposals_.open_heads()) hold(pos);
   // Nor inside a completed chunked delta: back to its first piece (which may fall inside
   // another one, hence the loop, from the highest span down).
   for (auto& [tp, offset] : commit) {

@@ -134,7 +134,14 @@ class ProcessState {
   // Chunked deltas with no new piece since `before` are given up (their first pieces no longer
   // hold the offsets back), and new bounds for pieces that arrive from now on.
   std::vector<ChunkProblem> expire_chunks(double before) { return chunks_.expire(before); }
-  void set_limits(DecodeLimits limits) { chunks_.set_limits(std::move(limits)); }
+  void set_limits(DecodeLimits limits);
+  // A proposal of version 0 that consume() handed on from the genesis topic: a whole one, or a
+  // segment of a streamed one (nullopt until its last segment; the proposals begun hold the
+  // offsets back to their segment 0). Read against the layout it carries. Throws Rejection
+  // (GenesisProposalAssembler::add).
+  std::optional<GenesisProposal> read_proposal(const ConsumedMessage& message);
+  // Where the proposal read_proposal() last returned began: the position its genesis record names.
+  const LogPosition& proposal_head() const { return proposals_.head(); }
   const ChunkAssembler& chunks() const { return chunks_; }
   // The next offset of each consumed partition.
   const std::map<std::pair<std::string, int32_t>, int64_t>& next_offsets() const { return next_offset_; }
@@ -144,8 +151,8 @@ class ProcessState {
   // or dropped but not yet in a committed record; the merge's own inputs, taken, are in it).
   std::vector<TopicPartitionOffset> offsets_to_commit() const;
   // The consumed offsets of the assigned partitions, each held back to the lowest of `held` in
-  // its partition, to an incomplete chunked delta's first piece, and out of every completed
-  // chunked delta (a restart would read only its tail).
+  // its partition, to an incomplete chunked delta's first piece and a streamed proposal's segment
+  // 0, and out of every completed chunked delta (a restart would read only its tail).
   std::vector<TopicPartitionOffset> offsets_holding(const std::vector<LogPosition>& held) const;
   // `offsets` were committed: chunked deltas wholly below them can no longer hold them back.
   void committed(const std::vector<TopicPartitionOffset>& offsets);
@@ -171,6 +178,8 @@ class ProcessState {
   // only its tail), so it is held back to the first piece (offsets_holding).
   ChunkAssembler chunks_;
   std::map<std::pair<std::string, int32_t>, std::map<int64_t, int64_t>> spans_;
+  // Streamed proposals being decoded, segment by segment (core/codec/messages.h).
+  GenesisProposalAssembler proposals_;
   // Set by an assignment or a failure; the loop rebuilds the owned fragments before it handles
   // another delta. After a failure the consumer is also rewound to the committed offsets.
   bool recover_needed_ = false;

@@ -851,10 +851,23 @@ void for_each_genesis_proposal_segment(const GenesisProposal& msg, uint64_t segm
 GenesisProposalAssembler::GenesisProposalAssembler(DecodeLimits limits, size_t max_open)
     : limits_(std::move(limits)), max_open_(max_open) {}
 
-std::optional<GenesisProposal> GenesisProposalAssembler::add(std::span<const uint8_t> bytes) {
+std::vector<LogPosition> GenesisProposalAssembler::open_heads() const {
+  std::vector<LogPosition> out;
+  for (const auto& [key, o] : open_) out.push_back(o.head);
+  return out;
+}
+
+std::optional<GenesisProposal> GenesisProposalAssembler::add(std::span<const uint8_t> bytes, const LogPosition& at) {
   ReleaseScratch release;
   const auto& m = open_proposal(bytes, limits_);
-  if (!m.segment()) return decode_whole_proposal(m, limits_, bytes.size());
+  if (only_ && (m.fragment() != std::get<1>(*only_) || m.seq() != std::get<2>(*only_) || !m.learner_id() ||
+                m.learner_id()->string_view() != std::get<0>(*only_)))
+    return std::nullopt;
+  if (!m.segment()) {
+    auto whole = decode_whole_proposal(m, limits_, bytes.size());
+    head_ = at;
+    return whole;
+  }
   const wire::Segment& s = *m.segment();
   const Key key{required(m.learner_id(), "learner_id"), m.fragment(), m.seq()};
   const std::string about = detail::concat("learner ", std::get<0>(key), "'s proposal of fragment ", m.fragment(),
@@ -872,6 +885,7 @@ std::optional<GenesisProposal> GenesisProposalAssembler::add(std::span<const uin
     if (o.cursor.next == 0) {
       o.specs = &self_described_specs(m.layout(), m.fingerprint(), m.fragment(), limits_, o.proposal.layout);
       read_proposal_head(m, o.proposal);
+      o.head = at;
       size_as_layout(*o.specs, o.proposal.tensors);
       begin_segments(o.cursor, s, specs_values(*o.specs));
     } else if (m.fingerprint() != o.proposal.fingerprint || m.checksum() != o.proposal.checksum || m.layout()) {
@@ -887,6 +901,7 @@ std::optional<GenesisProposal> GenesisProposalAssembler::add(std::span<const uin
     if (!last) return std::nullopt;
     check_checksum(o.proposal.checksum, o.proposal.tensors, "GenesisProposal");
     GenesisProposal out = std::move(o.proposal);
+    head_ = o.head;
     open_.erase(it);
     return out;
   } catch (...) {

@@ -436,10 +436,23 @@ class GenesisProposalAssembler {
  public:
   explicit GenesisProposalAssembler(DecodeLimits limits, size_t max_open = 16);
   // Rejection as FragmentParamsAssembler::add (TooLarge: a segment 0 beyond max_open proposals
-  // begun); the proposal begun that a segment belonged to is dropped then.
-  std::optional<GenesisProposal> add(std::span<const uint8_t> bytes);
+  // begun); the proposal begun that a segment belonged to is dropped then. `at`: where the
+  // message was read (a log reader's position, kept for head() and open_heads()).
+  std::optional<GenesisProposal> add(std::span<const uint8_t> bytes, const LogPosition& at = {});
+  // Where the proposal add() last returned began: its segment 0's `at` (a whole one's own).
+  const LogPosition& head() const { return head_; }
+  // Where the proposals begun began: a reader of a log must not commit its offset past them, or
+  // a restart would read only their tails.
+  std::vector<LogPosition> open_heads() const;
   size_t pending() const { return open_.size(); }
   void reset() { open_.clear(); }
+  // New bounds for the messages that arrive from now on; proposals begun are kept.
+  void set_limits(DecodeLimits limits) { limits_ = std::move(limits); }
+  // Collects only the proposal of this learner, fragment and seq: other proposals' messages are
+  // passed over (nullopt) once their header is read. For a reader after one proposal (replay).
+  void only(std::string learner_id, uint32_t fragment, uint64_t seq) {
+    only_ = Key{std::move(learner_id), fragment, seq};
+  }
 
  private:
   using Key = std::tuple<std::string, uint32_t, uint64_t>;  // learner id, fragment, seq
@@ -447,9 +460,12 @@ class GenesisProposalAssembler {
     GenesisProposal proposal;
     const std::vector<TensorSpec>* specs = nullptr;
     SegmentCursor cursor;
+    LogPosition head;
   };
   DecodeLimits limits_;
   size_t max_open_;
+  LogPosition head_;
+  std::optional<Key> only_;
   std::map<Key, Open> open_;
 };
 

@@ -86,10 +86,11 @@ struct CodecConfig {
   // A message larger than this travels as pieces of at most this many bytes, all-or-nothing
   // (core/codec/chunk.h); it must fit one Kafka record with the chunk framing (checked at start).
   uint64_t chunk_bytes = 4ull << 20;
-  // A checkpoint holding more than this many bytes of values (params, momentum and the other
-  // buffers, 4 bytes a value) travels streamed: in segments of at most this many, each decoded
-  // into place by its reader (core/codec/messages.h), so no process holds it encoded whole and no
-  // FlatBuffer passes 2 GiB. Each segment travels as chunk_bytes pieces.
+  // A checkpoint, snapshot or proposal of version 0 holding more than this many bytes of values
+  // (4 bytes a value; a checkpoint counts params, momentum and the other buffers) travels
+  // streamed: in segments of at most this many, each decoded into place by its reader
+  // (core/codec/messages.h), so no reader holds it encoded whole and no FlatBuffer passes 2 GiB.
+  // On Kafka each segment travels as chunk_bytes pieces, on ZeroMQ as one message.
   uint64_t segment_bytes = 256ull << 20;
 };
 

@@ -3,6 +3,7 @@
 #include <zstd.h>
 
 #include <algorithm>
+#include <cmath>
 
 #include "core/codec/chunk.h"
 #include "core/codec/messages.h"
@@ -62,17 +63,24 @@ MessageBound largest_message(const RunConfig& config, const FragmentLayout& layo
   for (uint32_t p = 0; p < layout.num_fragments(); ++p) {
     const int64_t n = layout.fragment_numel(p);
     const size_t tensors = layout.fragments[p].size();
-    // A checkpoint above codec.segment_bytes of values travels streamed: its largest message is
-    // a segment (core/codec/messages.h fragment_state_segments).
+    // A checkpoint, a snapshot or a proposal above codec.segment_bytes of values travels
+    // streamed: its largest message is a segment (core/codec/messages.h).
     const uint64_t buffers = 2 + (outer ? 1 : 0) + (residual ? 1 : 0);
     const uint64_t state_values = buffers * payload_bytes(DType::F32, n);
     const uint64_t checkpoint =
         state_values <= config.codec.segment_bytes
             ? state_bytes_bound(n, tensors, outer, residual)
             : framed(config.codec.segment_bytes, buffers * tensors, kStateBookkeepingBytes);
+    const uint64_t parameters = payload_bytes(DType::F32, n) <= config.codec.segment_bytes
+                                    ? params_bytes_bound(n, tensors)
+                                    : framed(config.codec.segment_bytes, tensors);
+    // Deltas and a quantized downlink's updates travel whole.
+    const uint64_t update =
+        residual ? delta_bytes_bound(n, tensors, config.codec.downlink_dtype, config.codec.downlink_block_size) : 0;
     const MessageBound candidates[] = {
         {"delta", p, n, delta_bytes_bound(n, tensors, config.codec.dtype, config.codec.block_size)},
-        {"parameters", p, n, params_bytes_bound(n, tensors) + layout_bytes},
+        {"update", p, n, update},
+        {"parameters", p, n, parameters + layout_bytes},
         {"checkpoint", p, n, checkpoint + layout_bytes},
     };
     for (const auto& c : candidates)
@@ -117,21 +125,26 @@ void check_message_sizes(const RunConfig& config, const FragmentLayout& layout, 
   int64_t total = 0;
   for (const auto& fragment : layout.fragments)
     for (const auto& t : fragment) total += t.numel();
-  // The largest whole message per parameter is the fp32 one (parameters, a proposal): checkpoints
-  // travel streamed, deltas are smaller. The largest fragment holds at least total / P parameters,
+  // The largest whole message is a delta or an update (checkpoints, snapshots and proposals
+  // travel streamed): its bytes per parameter, from a large fragment's bound, say how many
+  // fragments bring it under one buffer. The largest fragment holds at least total / P parameters,
   // and tensors larger than a fragment are cut into blocks of rows (core/fragments/partition.h).
-  const uint64_t per_param = 4;
-  const uint64_t usable = kMaxLogicalMessageBytes - kStateBookkeepingBytes;
-  const uint64_t at_least = std::max<uint64_t>(layout.num_fragments() + 1,
-                                               (static_cast<uint64_t>(total) * per_param + usable - 1) / usable);
+  const double per_param = static_cast<double>(largest.bytes) / static_cast<double>(std::max<int64_t>(largest.numel, 1));
+  const uint64_t usable = kMaxLogicalMessageBytes - (1u << 20);
+  const uint64_t at_least = std::max<uint64_t>(
+      layout.num_fragments() + 1,
+      static_cast<uint64_t>(std::ceil(static_cast<double>(total) * per_param / static_cast<double>(usable))));
   throw InvalidInput("fragment " + std::to_string(largest.fragment) + " has " + std::to_string(largest.numel) +
                      " parameters: its " + largest.kind + " message can reach " + std::to_string(largest.bytes) +
                      " bytes (" + std::to_string(mib(largest.bytes)) + " MiB), above the " +
                      std::to_string(kMaxLogicalMessageBytes) + "-byte limit of one message (" +
                      std::to_string(mib(kMaxLogicalMessageBytes)) + " MiB, what one FlatBuffer can hold; it travels in " +
-                     "chunks of codec.chunk_bytes, but is built and decoded whole: only checkpoints travel streamed); "
-                     "set diloco.fragments to at least " + std::to_string(at_least) + " (now " +
-                     std::to_string(layout.num_fragments()) + ")");
+                     "chunks of codec.chunk_bytes, but is built and decoded whole: only checkpoints, snapshots and "
+                     "proposals travel streamed); set diloco.fragments to at least " + std::to_string(at_least) +
+                     " (now " + std::to_string(layout.num_fragments()) + ")" +
+                     (largest.kind == "delta" && config.codec.dtype != DType::INT4
+                          ? ", or send smaller deltas (codec.dtype = \"int4\")"
+                          : ""));
 }
 
 }  // namespace diloco

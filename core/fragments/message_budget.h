@@ -1,13 +1,15 @@
-// The largest message each fragment of a layout makes: its delta, its parameters (FragmentParams,
-// fp32) and its checkpoint (FragmentState: parameters and outer momentum, plus a second buffer for
-// dn and cgad and the residual of a quantized downlink). Messages travel in chunks of
-// codec.chunk_bytes (core/codec/chunk.h), so what must fit one Kafka record (MAX_MESSAGE_BYTES in
+// The largest message each fragment of a layout makes: its delta, a quantized downlink's update,
+// its parameters (FragmentParams snapshots and GenesisProposal, fp32) and its checkpoint
+// (FragmentState: parameters and outer momentum, plus a second buffer for dn and cgad and the
+// residual of a quantized downlink). Messages travel in chunks of codec.chunk_bytes
+// (core/codec/chunk.h), so what must fit one Kafka record (MAX_MESSAGE_BYTES in
 // broker_config/limits.env, KafkaOptions::max_message_bytes) is a chunk; a whole message must fit
-// one FlatBuffer (2 GiB), since it is still built and decoded in one buffer. A checkpoint above
-// codec.segment_bytes of values travels streamed, so its largest message is one segment; deltas,
-// parameters and proposals are still whole messages. A networked process
-// checks both at start-up, so a model that cannot travel is refused with the numbers and the
-// setting to change instead of failing mid-run.
+// one FlatBuffer (2 GiB), since it is built and decoded in one buffer. Checkpoints, snapshots and
+// proposals above codec.segment_bytes of values travel streamed, so their largest message is one
+// segment; deltas and updates are still whole messages (about 0.53 bytes a parameter with int4:
+// some 4 billion parameters a fragment). A networked process checks both at start-up, so a model
+// that cannot travel is refused with the numbers and the setting to change instead of failing
+// mid-run.
 #pragma once
 
 #include <cstdint>
@@ -21,7 +23,7 @@
 namespace diloco {
 
 struct MessageBound {
-  std::string kind;      // "delta", "parameters" or "checkpoint"
+  std::string kind;      // "delta", "update", "parameters" or "checkpoint"
   uint32_t fragment = 0;
   int64_t numel = 0;     // parameters of that fragment
   uint64_t bytes = 0;    // upper bound of the encoded message

@@ -3,9 +3,11 @@
 #include <algorithm>
 #include <chrono>
 
+#include "core/codec/chunk.h"
 #include "core/errors.h"
 #include "core/kafka/consumer.h"
 #include "core/kafka/log_reader.h"
+#include "core/kafka/producer.h"
 
 namespace diloco {
 
@@ -116,6 +118,25 @@ int64_t members_tail_offset(Consumer& consumer, const RunTopics& topics, double 
   } catch (const Unavailable&) {
     return -2;
   }
+}
+
+SentMessage produce_proposal(Producer& producer, const RunTopics& topics, int32_t partitions,
+                             const GenesisProposal& proposal, uint64_t segment_bytes, uint64_t chunk_bytes,
+                             uint64_t token, int timeout_ms) {
+  const uint32_t p = proposal.fragment;
+  const ChunkId id{proposal.run_id, proposal.learner_id, p, proposal.seq};
+  const int32_t partition = static_cast<int32_t>(p % static_cast<uint32_t>(partitions));
+  SentMessage sent;
+  for_each_genesis_proposal_segment(
+      proposal, segment_bytes, 1, [&](uint32_t, uint32_t count, std::span<const uint8_t> segment) {
+        sent.bytes += segment.size();
+        sent.segments = count;
+        for_each_piece(segment, id, chunk_bytes, [&](uint32_t, uint32_t, std::span<const uint8_t> piece) {
+          producer.produce({.topic = topics.genesis(), .partition = partition, .key = std::to_string(p), .value = piece},
+                           token, timeout_ms);
+        });
+      });
+  return sent;
 }
 
 }  // namespace diloco

@@ -1,5 +1,6 @@
 // Reading a run's durable logs: the latest checkpoint of every fragment from the compacted
-// `state` topic. Shared by learners (start-up), the merger (recovery) and replay.
+// `state` topic. Shared by learners (start-up), the merger (recovery) and replay. And writing a
+// proposal of version 0, the one message learners write there besides deltas.
 #pragma once
 
 #include <map>
@@ -27,6 +28,22 @@ StateScan read_states(const KafkaOptions& kafka, const RunTopics& topics, const 
                       uint32_t fragments, int timeout_ms = 60000, StateParts parts = StateParts::All);
 
 struct ConsumedMessage;
+class Producer;
+
+// What a sent message took on the wire: its bytes (every segment's) and its segments.
+struct SentMessage {
+  uint64_t bytes = 0;
+  uint32_t segments = 0;
+};
+
+// Sends a proposal of version 0 to the `genesis` topic, in the fragment's partition (fragment
+// mod `partitions`, key the fragment): in segments of at most segment_bytes of values, each
+// encoded when the one before is in the producer's queue, each in pieces of chunk_bytes
+// (ChunkId: run, learner, fragment, seq), every piece with `token`. Waits up to timeout_ms for
+// queue space (Producer::produce); the caller flushes.
+SentMessage produce_proposal(Producer& producer, const RunTopics& topics, int32_t partitions,
+                             const GenesisProposal& proposal, uint64_t segment_bytes, uint64_t chunk_bytes,
+                             uint64_t token, int timeout_ms);
 
 // Checkpoints from the `state` topic's records in log order (chunks already put back together),
 // whole or streamed (core/codec/messages.h FragmentStateAssembler): the checkpoint a record

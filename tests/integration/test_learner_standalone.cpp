@@ -57,9 +57,9 @@ TEST_CASE("learner refuses bad input with a clear error and a non-zero exit", "[
   {
     // Refused before the broker is even asked (the bootstrap address here has none): chunks that
     // cannot fit one Kafka record, by learner and merger alike, and a 554M-parameter fragment
-    // whose fp32 parameters (4 B per parameter; its checkpoint would travel streamed) cannot be
-    // one buffer, by the learner, whose model it is (a merger learns the model from the
-    // learners' proposals, and holds none at start).
+    // whose fp32 deltas (4 B per parameter, built whole; its checkpoint, snapshots and proposal
+    // would travel streamed) cannot be one buffer, by the learner, whose model it is (a merger
+    // learns the model from the learners' proposals, and holds none at start).
     struct Case {
       std::vector<std::string> sets, expected, binaries;
     };
@@ -68,9 +68,10 @@ TEST_CASE("learner refuses bad input with a clear error and a non-zero exit", "[
          {"codec.chunk_bytes is 67108864 bytes", "above the 67108864-byte limit of one Kafka record",
           "lower codec.chunk_bytes to at most 67107840"},
          {testing::learner_binary(), testing::merger_binary()}},
-        {{"--set", "model.width=2048", "--set", "model.layers=11", "--set", "diloco.fragments=1"},
-         {"fragment 0 has 554469376 parameters", "its parameters message", "above the 2146435072-byte limit of one message",
-          "set diloco.fragments to at least 2"},
+        {{"--set", "model.width=2048", "--set", "model.layers=11", "--set", "diloco.fragments=1", "--set",
+          "codec.dtype=\"fp32\"", "--set", "codec.topk=0"},
+         {"fragment 0 has 554469376 parameters", "its delta message", "above the 2146435072-byte limit of one message",
+          "set diloco.fragments to at least 2", "codec.dtype = \"int4\""},
          {testing::learner_binary()}},
     };
     int n = 0;

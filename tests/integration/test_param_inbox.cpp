@@ -200,6 +200,39 @@ TEST_CASE("the inbox applies updates bit for bit and asks for a snapshot when it
   publisher.take_requests();
   announce(9);
   CHECK(requested(10s));
+
+  // A snapshot in segments, as a merger sends one above codec.segment_bytes (408 values: 5
+  // segments of at most 100): with a segment lost on the way it is rejected and asked for again;
+  // sent whole, it is decoded into place and taken with the merger's bits.
+  FragmentParams v10{.run_id = run, .fingerprint = kLayout.fingerprint, .fragment = 0, .version = 10,
+                     .merger_instance = "test-merger", .epoch = 1, .tensors = random_tensors(rng, 1.0f)};
+  v10.checksum = checksum_fp32(v10.tensors);
+  std::vector<std::vector<uint8_t>> segments;
+  for_each_fragment_params_segment(v10, v10.tensors, 400, 1, [&](uint32_t, uint32_t, std::span<const uint8_t> b) {
+    segments.emplace_back(b.begin(), b.end());
+  });
+  REQUIRE(segments.size() == 5);
+  announce(10);
+  const uint64_t rejected_before_segments = inbox.rejected();
+  for (size_t i = 0; i < segments.size(); ++i)
+    if (i != 1) publisher.publish(0, segments[i]);
+  CHECK(testing::eventually([&] { return inbox.rejected() > rejected_before_segments; }, 5s));
+  CHECK(metrics.value("params_rejected_total", {{"reason", "chunk_mismatch"}}) >= 1);
+  CHECK(inbox.take({9}).empty());
+  CHECK(requested(10s));
+  std::optional<FragmentParams> whole;
+  testing::eventually(
+      [&] {
+        for (const auto& segment : segments) publisher.publish(0, segment);
+        for (auto& p : inbox.take({9}))
+          if (p->version == 10) whole = *p;
+        return whole.has_value();
+      },
+      10s);
+  REQUIRE(whole);
+  CHECK(checksum_fp32(whole->tensors) == v10.checksum);
+  for (size_t t = 0; t < v10.tensors.size(); ++t) CHECK(whole->tensors[t].values == v10.tensors[t].values);
+  CHECK(metrics.value("params_segments_received_total") >= 4);
 }
 
 TEST_CASE("an inbox that starts from the versions the learner read asks for nothing and applies the next update",

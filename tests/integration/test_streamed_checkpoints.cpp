@@ -1,7 +1,10 @@
 // Checkpoints above codec.segment_bytes travel streamed (core/codec/messages.h): segments, each a
 // message of its own, keyed "<fragment>/<record>" on the compacted `state` topic. Real broker,
 // real processes: a merger writes them, a restarted merger recovers from them, a learner joins
-// from them, and replay rebuilds and verifies every version.
+// from them, and replay rebuilds and verifies every version. Proposals of version 0 and
+// snapshots stream the same way: the merger commits version 0 from streamed proposals (which
+// replay reads back), and with an fp32 downlink every version reaches the learners as a streamed
+// snapshot.
 #include <catch2/catch.hpp>
 
 #include <csignal>
@@ -49,6 +52,13 @@ TEST_CASE("streamed checkpoints: written in segments, recovered from, joined fro
   merger->signal(SIGTERM);
   REQUIRE(merger->wait_exit(60s) == std::optional<int>(0));
 
+  // The learner's proposals of version 0 went out in segments too (120 KB of values each), and
+  // the merger committed version 0 of every fragment from them.
+  const auto proposals = events(r.dir + "/L0/metrics.jsonl", "genesis_proposal");
+  REQUIRE(proposals.size() == 4);
+  for (const auto& e : proposals) CHECK(e.at("segments").get<uint32_t>() >= 20);
+  CHECK(events(log_a, "genesis").size() == 4);
+
   // The checkpoints went out as segments: many records per fragment, none under the bare key.
   std::map<std::string, bool> newest;
   read_to_end(r.kafka, {r.topics.state()}, [&](const ConsumedMessage& m) { newest[m.key] = !m.tombstone; }, 30000);
@@ -94,5 +104,41 @@ TEST_CASE("streamed checkpoints: written in segments, recovered from, joined fro
   again->signal(SIGTERM);
   REQUIRE(again->wait_exit(60s) == std::optional<int>(0));
   // Replay reads the streamed checkpoints too, and rebuilds every version bit for bit.
+  testing::require_verify_pass(r.kafka, r.dir, r.sets);
+}
+
+TEST_CASE("streamed snapshots: with an fp32 downlink every version reaches a learner in segments",
+          "[merger][segments]") {
+  // An fp32 downlink sends every new version as a snapshot: 120 KB of values a fragment, so 4 KiB
+  // segments make about 30 ZeroMQ messages of each.
+  testing::TinyRun r("segments-fp32", {"train.eval_every=0", "diloco.H=4", "codec.downlink_dtype=\"fp32\"",
+                                       "codec.segment_bytes=4096"});
+  auto merger = testing::start_merger(r.kafka, r.dir, "M0", r.sets, "A");
+  testing::ChildProcess learner(learner_args(r, "L0"), r.dir + "/L0.log");
+  const std::string log_a = r.dir + "/A/metrics.jsonl";
+  const std::string log_l = r.dir + "/L0/metrics.jsonl";
+  INFO(merger->log());
+  REQUIRE(testing::eventually([&] { return events(log_a, "merge").size() >= 8; }, 120s));
+  // The learner adopts the merged versions: each came whole out of its segments.
+  REQUIRE(testing::eventually([&] { return events(log_l, "adopt").size() >= 4; }, 60s));
+  learner.signal(SIGTERM);
+  REQUIRE(learner.wait_exit(60s) == std::optional<int>(0));
+  merger->signal(SIGTERM);
+  REQUIRE(merger->wait_exit(60s) == std::optional<int>(0));
+  const auto shutdown = events(log_l, "shutdown");
+  REQUIRE(shutdown.size() == 1);
+  INFO(shutdown.front().dump());
+  CHECK(shutdown.front().at("snapshots_received").get<uint64_t>() >= 4);
+  CHECK(shutdown.front().at("updates_received").get<uint64_t>() == 0);
+  // Every adopted version is the merger's, bit for bit (the checksum its merge record names).
+  std::map<std::pair<uint32_t, uint64_t>, uint64_t> merged;
+  for (const auto& e : events(log_a, "merge"))
+    merged[{e.at("fragment").get<uint32_t>(), e.at("version").get<uint64_t>()}] = e.at("checksum").get<uint64_t>();
+  for (const auto& e : events(log_l, "adopt")) {
+    INFO(e.dump());
+    const auto it = merged.find({e.at("fragment").get<uint32_t>(), e.at("version").get<uint64_t>()});
+    REQUIRE(it != merged.end());
+    CHECK(e.at("checksum").get<uint64_t>() == it->second);
+  }
   testing::require_verify_pass(r.kafka, r.dir, r.sets);
 }

@@ -90,24 +90,40 @@ TEST_CASE("message bounds hold for encoded messages of random values", "[budget]
   }
 }
 
-TEST_CASE("a checkpoint above codec.segment_bytes is bounded by its segment", "[budget]") {
-  RunConfig config;  // nesterov, int4 downlink: params, momentum and residual, 12 B per parameter
-  // Four 80M-parameter tensors in one fragment: 3.84 GB of checkpoint, above the 2 GiB of one
-  // FlatBuffer; it travels streamed, so the largest message is the 1.28 GB of fp32 parameters.
+TEST_CASE("a checkpoint, snapshot or proposal above codec.segment_bytes is bounded by its segment", "[budget]") {
+  RunConfig config;  // nesterov, int4 deltas and downlink: params, momentum and residual, 12 B per parameter
+  // Four 80M-parameter tensors in one fragment: 3.84 GB of checkpoint and 1.28 GB of fp32
+  // parameters, both streamed in segments of 256 MiB; the int4 delta (about 0.56 bytes a
+  // parameter, 180 MB) is below a segment.
   std::vector<TensorSpec> four;
   for (int i = 0; i < 4; ++i) four.push_back({"w" + std::to_string(i), {8000, 10000}});
   auto one = layout_of({four});
-  CHECK(largest_message(config, one).kind == "parameters");
+  CHECK(largest_message(config, one).kind == "checkpoint");  // a segment and the bookkeeping's bound
   CHECK(largest_message(config, one).numel == 320'000'000);
-  CHECK(largest_message(config, one).bytes > 1'280'000'000ull);
+  CHECK(largest_message(config, one).bytes > 256ull << 20);
+  CHECK(largest_message(config, one).bytes < (257ull << 20) * 102 / 100);  // zstd's worst case and framing
+  CHECK(delta_bytes_bound(320'000'000, 4, DType::INT4, 64) > 160'000'000ull);
   CHECK_NOTHROW(check_message_sizes(config, one, 64ull << 20));
   // Streamed only above codec.segment_bytes: a small fragment's checkpoint is the whole message.
   auto small = layout_of({{{"w", {1000, 1000}}}});  // 12 MB of checkpoint, below 256 MiB
   CHECK(largest_message(config, small).kind == "checkpoint");
   CHECK(largest_message(config, small).bytes >= 12'000'000ull);
   config.codec.segment_bytes = 1 << 20;  // now streamed in segments of 1 MiB of values
-  CHECK(largest_message(config, small).kind == "parameters");
-  CHECK(largest_message(config, small).bytes >= 4'000'000ull);
+  CHECK(largest_message(config, small).kind == "checkpoint");
+  CHECK(largest_message(config, small).bytes < 3'000'000ull);  // a segment and the bookkeeping, not 12 MB
+  // 100M parameters in segments of 16 MiB: the whole messages are the largest. By default deltas
+  // and updates are both int4 in blocks of 64 (0.56 bytes a parameter); int8 updates are about
+  // twice that; an fp32 downlink sends snapshots, which stream.
+  auto large = layout_of({{{"w", {10000, 10000}}}});
+  config.codec.segment_bytes = 16 << 20;
+  CHECK(largest_message(config, large).kind == "delta");
+  CHECK(largest_message(config, large).bytes >= 56'000'000ull);
+  config.codec.downlink_dtype = DType::INT8;
+  CHECK(largest_message(config, large).kind == "update");
+  CHECK(largest_message(config, large).bytes >= 100'000'000ull);
+  config.codec.downlink_dtype = DType::F32;
+  CHECK(largest_message(config, large).kind == "delta");
+  CHECK(largest_message(config, large).bytes >= 53'000'000ull);
 }
 
 TEST_CASE("readers still take a checkpoint written whole, up to one FlatBuffer", "[budget]") {
@@ -124,30 +140,48 @@ TEST_CASE("readers still take a checkpoint written whole, up to one FlatBuffer",
   CHECK(logical_message_limit(config, layout_of({four})) == kMaxLogicalMessageBytes);
 }
 
-TEST_CASE("a layout whose parameters cannot fit one buffer is refused with the way out", "[budget]") {
+TEST_CASE("a layout whose deltas cannot fit one buffer is refused with the way out", "[budget]") {
   RunConfig config;
+  config.codec.dtype = DType::F32;  // fp32 deltas: 4 bytes a parameter, built whole
+  config.codec.topk = 0;
   const uint64_t record_limit = 64ull << 20;
-  // Four 150M-parameter tensors: 2.4 GB of fp32 parameters in one fragment, 1.2 GB in each of two,
+  // Four 150M-parameter tensors: 2.4 GB of fp32 delta in one fragment, 1.2 GB in each of two,
   // against the 2 GiB one FlatBuffer can hold.
   std::vector<TensorSpec> four;
   for (int i = 0; i < 4; ++i) four.push_back({"w" + std::to_string(i), {15000, 10000}});
   auto one = layout_of({four});
   auto two = layout_of({{four[0], four[1]}, {four[2], four[3]}});
-  CHECK(largest_message(config, one).kind == "parameters");
+  CHECK(largest_message(config, one).kind == "delta");
   CHECK_NOTHROW(check_message_sizes(config, two, record_limit));
   try {
     check_message_sizes(config, one, record_limit);
-    FAIL("a 600M-parameter fragment passed");
+    FAIL("a 600M-parameter fragment of fp32 deltas passed");
   } catch (const InvalidInput& e) {
     const std::string what = e.what();
     CHECK_THAT(what, Catch::Contains("fragment 0 has 600000000 parameters"));
-    CHECK_THAT(what, Catch::Contains("parameters message"));
+    CHECK_THAT(what, Catch::Contains("delta message"));
     CHECK_THAT(what, Catch::Contains(std::to_string(kMaxLogicalMessageBytes) + "-byte limit"));
     CHECK_THAT(what, Catch::Contains("set diloco.fragments to at least 2 (now 1)"));
+    CHECK_THAT(what, Catch::Contains("codec.dtype = \"int4\""));
   }
+  // With int4 deltas the same fragment travels: its parameters, checkpoint and proposal stream.
+  config.codec.dtype = DType::INT4;
+  CHECK_NOTHROW(check_message_sizes(config, one, record_limit));
   // Neither dn's fourth buffer nor any other checkpoint buffer changes that: checkpoints stream.
   config.merger.optimizer = "dn";
-  CHECK_NOTHROW(check_message_sizes(config, two, record_limit));
+  CHECK_NOTHROW(check_message_sizes(config, one, record_limit));
+  // Five billion parameters in one fragment: even its int4 delta and update pass 2 GiB; two fragments
+  // bring each under it.
+  std::vector<TensorSpec> huge;
+  for (int i = 0; i < 5; ++i) huge.push_back({"h" + std::to_string(i), {100000, 10000}});
+  try {
+    check_message_sizes(config, layout_of({huge}), record_limit);
+    FAIL("a 5B-parameter fragment passed");
+  } catch (const InvalidInput& e) {
+    const std::string what = e.what();
+    CHECK_THAT(what, Catch::Contains("parameters: its "));
+    CHECK_THAT(what, Catch::Contains("set diloco.fragments to at least 2 (now 1)"));
+  }
 }
 
 TEST_CASE("chunks larger than one Kafka record are refused at start-up, naming both sizes", "[budget]") {

@@ -142,15 +142,29 @@ ConsumedMessage fetch_one(const ReplayRun& run, const LogPosition& position) {
 
 std::optional<FragmentState> genesis_from_record(const ReplayRun& run, const LoggedMerge& merge) {
   if (!merge.record.genesis) return std::nullopt;
-  const LogPosition& at = merge.record.inputs.front().position;
+  const DeltaRef& input = merge.record.inputs.front();
+  const LogPosition& at = input.position;
   const DecodeLimits limits = run.limits();
   auto found = run.reader->fetch({{at.topic, at.partition, at.offset}}, run.timeout_ms, &limits);
   if (found.empty()) return std::nullopt;  // deleted by retention
-  GenesisProposal proposal = decode_genesis_proposal(found.front().value, limits);
-  if (proposal.fragment != merge.record.fragment || proposal.learner_id != merge.record.inputs.front().learner_id)
+  GenesisProposalAssembler assembler(limits);
+  assembler.only(input.learner_id, merge.record.fragment, input.seq);
+  std::optional<GenesisProposal> proposal = assembler.add(found.front().value, at);
+  if (!proposal && assembler.pending()) {
+    // A streamed proposal: its other segments follow in the partition, among other messages.
+    // The read starts inside segment 0's pieces, whose tails the chunk reader passes over.
+    run.reader->read_to_end(
+        {{at.topic, at.partition, at.offset + 1}},
+        [&](const ConsumedMessage& m) {
+          if (!proposal) proposal = assembler.add(m.value, {m.topic, m.partition, m.offset});
+        },
+        run.timeout_ms, &limits, [](const ChunkProblem&) {});
+  }
+  if (!proposal)
     throw InvalidInput("the proposal at " + describe(at) + " is not the one the genesis record at " +
-                       describe(merge.position) + " names");
-  return genesis_state(run.config, run.layout, proposal.fragment, std::move(proposal.tensors));
+                       describe(merge.position) + " names" +
+                       (assembler.pending() ? " (its segments end before its last one)" : ""));
+  return genesis_state(run.config, run.layout, proposal->fragment, std::move(proposal->tensors));
 }
 
 std::map<uint32_t, FragmentLog> read_fragment_logs(const ReplayRun& run, int32_t partition, StartAt start,
