@@ -47,4 +47,26 @@ inline FragmentLayout bench_layout(const RunConfig& config, const std::string& t
   return partition_tensors(parse_tensors(tensors), config.diloco.fragments);
 }
 
+// The fragments a bench process takes part in: --only "0,3" (a model too large for the machine,
+// of which only these fragments travel), or every fragment of the layout when empty.
+inline std::vector<uint32_t> bench_fragments(const FragmentLayout& layout, const std::string& only) {
+  std::vector<uint32_t> out;
+  if (only.empty()) {
+    for (uint32_t p = 0; p < layout.num_fragments(); ++p) out.push_back(p);
+    return out;
+  }
+  size_t start = 0;
+  while (start <= only.size()) {
+    const size_t end = std::min(only.find(',', start), only.size());
+    const std::string item = only.substr(start, end - start);
+    if (item.empty() || item.size() > 9 || item.find_first_not_of("0123456789") != std::string::npos ||
+        std::stoul(item) >= layout.num_fragments())
+      throw InvalidInput("--only: '" + item + "' is not a fragment of the layout (0 to " +
+                         std::to_string(layout.num_fragments() - 1) + ")");
+    out.push_back(static_cast<uint32_t>(std::stoul(item)));
+    start = end + 1;
+  }
+  return out;
+}
+
 }  // namespace diloco::bench

@@ -32,6 +32,7 @@
 // bytes, counts).
 #include <CLI/CLI.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
@@ -86,16 +87,16 @@ std::set<uint32_t> committed_genesis(const KafkaOptions& kafka, const RunTopics&
 // Proposes seeded values of every fragment without version 0, as a learner would, and waits until
 // a merger committed every fragment's version 0.
 void propose_genesis(const KafkaOptions& kafka, const RunConfig& config, const RunTopics& topics,
-                     const std::shared_ptr<const FragmentLayout>& layout, const std::string& region, int partitions) {
+                     const std::shared_ptr<const FragmentLayout>& layout, const std::vector<uint32_t>& fragments,
+                     const std::string& region, int partitions) {
   const DecodeLimits limits = run_decode_limits(config, *layout);
-  const uint32_t P = layout->num_fragments();
   const std::set<uint32_t> committed = committed_genesis(kafka, topics, limits, partitions);
   std::mt19937 rng(static_cast<uint32_t>(config.run.seed));
   std::normal_distribution<float> normal(0.0f, 0.02f);
   int failed = 0;
   Producer producer(ProducerOptions{.kafka = kafka}, [&](const DeliveryReport& r) { failed += r.ok ? 0 : 1; });
   const uint64_t seq = static_cast<uint64_t>(unix_us() / 1000);
-  for (uint32_t p = 0; p < P; ++p) {
+  for (uint32_t p : fragments) {
     if (committed.count(p)) continue;
     GenesisProposal proposal{.run_id = config.run.id, .fingerprint = layout->fingerprint, .learner_id = "fake-genesis",
                              .region = region, .fragment = p, .seq = seq, .send_time_us = unix_us(), .layout = layout};
@@ -112,12 +113,16 @@ void propose_genesis(const KafkaOptions& kafka, const RunConfig& config, const R
     if (producer.flush(60000) != 0 || failed) throw Unavailable("the proposals of version 0 were not delivered");
   }
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::minutes(5);
-  while (committed_genesis(kafka, topics, limits, partitions).size() < P) {
+  auto all_committed = [&] {
+    const auto now = committed_genesis(kafka, topics, limits, partitions);
+    return std::all_of(fragments.begin(), fragments.end(), [&](uint32_t p) { return now.count(p) > 0; });
+  };
+  while (!all_committed()) {
     if (std::chrono::steady_clock::now() > deadline || stop_requested())
       throw Unavailable("version 0 was not committed within 5 minutes: is a merger of the run running?");
     std::this_thread::sleep_for(std::chrono::milliseconds(500));
   }
-  std::cerr << "bench-produce_deltas: version 0 of every fragment is committed\n";
+  std::cerr << "bench-produce_deltas: version 0 of every fragment sent is committed\n";
 }
 
 }  // namespace
@@ -146,6 +151,10 @@ int main(int argc, char** argv) {
   app.add_option("--bootstrap", bootstrap, "Kafka bootstrap servers")->capture_default_str();
   app.add_option("--summary", summary, "write a JSON summary here");
   bool genesis_first = false;
+  std::string only;
+  app.add_option("--only", only,
+                 "only these fragments (e.g. 0,3): proposals and deltas of the others are not sent (a model too "
+                 "large for the machine, of which some fragments travel)");
   app.add_flag("--genesis", genesis_first,
                "first propose version 0 of every fragment without one and wait until a merger committed it");
   CLI11_PARSE(app, argc, argv);
@@ -156,7 +165,8 @@ int main(int argc, char** argv) {
     RunConfig config = load_run_config(config_file, overrides);
     const auto layout_ptr = std::make_shared<const FragmentLayout>(bench::bench_layout(config, tensors));  // no model is allocated
     const FragmentLayout& layout = *layout_ptr;
-    const uint32_t P = layout.num_fragments();
+    const std::vector<uint32_t> run_fragments = bench::bench_fragments(layout, only);
+    const uint32_t P = static_cast<uint32_t>(run_fragments.size());  // fragments sent, p = run_fragments[j]
     KafkaOptions kafka{.bootstrap_servers = bootstrap, .client_id = "bench-produce_deltas"};
     RunTopics topics{config.run.id};
     wait_for_broker(kafka);
@@ -165,7 +175,7 @@ int main(int argc, char** argv) {
       Consumer probe(ConsumerOptions{.kafka = kafka});
       partitions = probe.partition_count(topics.deltas(region), 10000);
     }
-    if (genesis_first) propose_genesis(kafka, config, topics, layout_ptr, region, partitions);
+    if (genesis_first) propose_genesis(kafka, config, topics, layout_ptr, run_fragments, region, partitions);
 
     // One set of delta tensors per (learner, fragment), seeded, kept quantized as they travel (int4:
     // about 0.5 bytes per parameter and learner; the fp32 values of one tensor exist at a time).
@@ -175,7 +185,7 @@ int main(int argc, char** argv) {
     std::normal_distribution<float> normal(0.0f, 1e-3f);
     std::vector<std::vector<std::vector<QuantizedTensor>>> values(learners);
     for (uint32_t m = 0; m < learners; ++m)
-      for (uint32_t p = 0; p < P; ++p) {
+      for (uint32_t p : run_fragments) {
         std::vector<QuantizedTensor> tensors;
         for (uint32_t t = 0; t < layout.fragments[p].size(); ++t) {
           const auto& spec = layout.fragments[p][t];
@@ -194,21 +204,22 @@ int main(int argc, char** argv) {
     Producer producer(producer_options, [&](const DeliveryReport& r) { r.ok ? ++delivered : ++failed; });
 
     std::vector<uint64_t> fp32_bytes(P);
-    for (uint32_t p = 0; p < P; ++p) fp32_bytes[p] = static_cast<uint64_t>(layout.fragment_numel(p)) * 4;
+    for (uint32_t j = 0; j < P; ++j) fp32_bytes[j] = static_cast<uint64_t>(layout.fragment_numel(run_fragments[j])) * 4;
     uint64_t sent = 0, wire_bytes = 0, fp32_total = 0, round = 0;
     double encode_seconds = 0;
     auto t0 = std::chrono::steady_clock::now();
     for (; round < rounds && !stop_requested(); ++round) {
       auto round_start = std::chrono::steady_clock::now();
-      for (uint32_t p = 0; p < P; ++p)
+      for (uint32_t j = 0; j < P; ++j)
         for (uint32_t m = 0; m < learners; ++m) {
+          const uint32_t p = run_fragments[j];
           const bool genesis = bases == "genesis";
           DeltaHeader h{.run_id = config.run.id, .fingerprint = layout.fingerprint,
                         .learner_id = "fake-" + std::to_string(m) + (genesis ? "-r" + std::to_string(round) : ""),
                         .region = region, .fragment = p, .seq = seq0 + round, .base_version = genesis ? 0 : round, .inner_steps = inner_steps, .tokens = tokens,
                         .learner_step = (round + 1) * inner_steps, .train_loss = 2.0f, .send_time_us = unix_us()};
           auto e0 = std::chrono::steady_clock::now();
-          auto bytes = encode_delta(h, std::span<const QuantizedTensor>(values[m][p]), codec);
+          auto bytes = encode_delta(h, std::span<const QuantizedTensor>(values[m][j]), codec);
           encode_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - e0).count();
           // In pieces of codec.chunk_bytes when larger, as a learner sends it (a 250M-parameter
           // fragment's int4 delta is above one Kafka record).
@@ -221,7 +232,7 @@ int main(int argc, char** argv) {
                          });
           ++sent;
           wire_bytes += bytes.size();
-          fp32_total += fp32_bytes[p];
+          fp32_total += fp32_bytes[j];
         }
       producer.poll(0);
       if (pace > 0) {
@@ -238,6 +249,8 @@ int main(int argc, char** argv) {
                        {"learners", learners},
                        {"rounds", round},
                        {"fragments", P},
+                       {"fragment_ids", run_fragments},
+                       {"layout_fragments", layout.num_fragments()},
                        {"partitions", partitions},
                        {"fp32_bytes_per_fragment", fp32_bytes},
                        {"deltas", sent},

@@ -11,12 +11,14 @@
 # also rebuilt whole and fragment by fragment, and the two compared (rebuild_check).
 #
 #   bench/scale.sh [--width 1024] [--layers 8] [--fragments 8] [--learners 2] [--rounds 3]
-#                  [--pace 0] [--instances "1 2"] [--tensors SPEC] [--checkpoint-every 1000] [--bin-dir DIR]
-#                  [--keep] [--keep-topics]
+#                  [--pace 0] [--instances "1 2"] [--tensors SPEC] [--only LIST] [--checkpoint-every 1000]
+#                  [--bin-dir DIR] [--keep] [--keep-topics]
 #
 # The model is configs/tiny.toml widened (--width, --layers; heads 16): about 12 x width^2 x layers
 # parameters; or, with --tensors "embed=128256x4096,...", those tensors, a tensor larger than a
-# fragment cut into blocks of rows over several fragments (core/fragments/partition.h). Version 0 is proposed by bench-produce_deltas --genesis before the rounds; every
+# fragment cut into blocks of rows over several fragments (core/fragments/partition.h). With --only "0,3" only those
+# fragments travel (a model too large for the machine: the others get no version 0 and no deltas, the subscribers
+# wait for those alone, no rebuild check). Version 0 is proposed by bench-produce_deltas --genesis before the rounds; every
 # delta is on it (bench-produce_deltas --bases genesis), and the mergers run with merger.quorum 1, so a merge takes whatever is pending (with a quorum of K, a merge that
 # took more than K deltas could leave a last one waiting for good); --pace S (seconds between rounds) spreads the rounds so that
 # merges take about one round each; --checkpoint-every N is merger.checkpoint_every (each merger writes a
@@ -26,7 +28,7 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BIN="${DILOCO_BIN_DIR:-$ROOT/build/bin}"
 BOOTSTRAP="${DILOCO_BOOTSTRAP:-127.0.0.1:19092}"
-width=1024 layers=8 fragments=8 learners=2 rounds=3 pace=0 instances="1 2" keep=0 keep_topics=0 tensors="" checkpoint_every=1000
+width=1024 layers=8 fragments=8 learners=2 rounds=3 pace=0 instances="1 2" keep=0 keep_topics=0 tensors="" checkpoint_every=1000 only=""
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --width) width="$2"; shift 2 ;;
@@ -41,7 +43,8 @@ while [[ $# -gt 0 ]]; do
     --bin-dir) BIN="$2"; shift 2 ;;
     --keep) keep=1; shift ;;
     --keep-topics) keep_topics=1; shift ;;
-    -h|--help) sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --only) only="$2"; shift 2 ;;
+    -h|--help) sed -n '2,26p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "scale.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -59,7 +62,7 @@ partitions=$(( fragments < 4 ? fragments : 4 ))
 sets=(--set model.width="$width" --set model.layers="$layers" --set model.heads=16 --set diloco.fragments="$fragments"
       --set merger.quorum=1 --set merger.checkpoint_every="$checkpoint_every" --set train.eval_every=0)
 echo "# scale: $(date -u) | nproc $(nproc) | $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ //') | $(free -g | awk '/Mem:/ {print $2}') GiB"
-echo "# ${tensors:+tensors $tensors, }width $width, layers $layers, $fragments fragments, $learners fake learners, $rounds rounds; load $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "# ${tensors:+tensors $tensors, }${only:+only fragments $only, }width $width, layers $layers, $fragments fragments, $learners fake learners, $rounds rounds; load $(cut -d' ' -f1-3 /proc/loadavg)"
 
 merged_inputs() { { cat "$1"/M*/metrics.jsonl 2>/dev/null || true; } | jq -s '[.[] | select(.event == "merge") | .inputs | length] | add // 0'; }
 
@@ -111,6 +114,7 @@ scale_case() {  # instances
   local rs=("${sets[@]}" --set "run.id=\"$run\"")
   local model=()
   [[ -z "$tensors" ]] || model=(--tensors "$tensors")
+  [[ -z "$only" ]] || model+=(--only "$only")
   # Peak RSS (KiB) of every process of the case, by name.
   ( declare -A peak
     while true; do
@@ -172,14 +176,16 @@ scale_case() {  # instances
   "$BIN/diloco-replay" -c "$config" "${rs[@]}" --bootstrap "$BOOTSTRAP" --run "$run" audit --json > "$dir/audit.json" || rc=1
   local verified=PASS
   "$BIN/diloco-replay" -c "$config" "${rs[@]}" --bootstrap "$BOOTSTRAP" --run "$run" verify > "$dir/verify.log" 2>&1 || verified=FAIL
-  [[ -z "$tensors" ]] || rebuild_check "$dir" "${rs[@]}" || rc=1
+  [[ -z "$tensors" || -n "$only" ]] || rebuild_check "$dir" "${rs[@]}" || rc=1
   python3 - "$dir" "$n" "$t0" "$t1" "$verified ($(grep -m1 '^verified' "$dir/verify.log" || tail -1 "$dir/verify.log"))" <<'PY' || rc=1
 import glob, json, os, sys
 d, n, t0, t1, verify = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4]), sys.argv[5]
 produced = json.load(open(f"{d}/produced.json"))
 audit = json.load(open(f"{d}/audit.json"))
-frag = [b // 4 for b in produced["fp32_bytes_per_fragment"]]
-params = sum(frag)
+# Parameters of each fragment sent (with --only, some of the layout's), by fragment id.
+sizes = [b // 4 for b in produced["fp32_bytes_per_fragment"]]
+frag = dict(zip(produced.get("fragment_ids", range(len(sizes))), sizes))
+params = sum(frag.values())
 truth = {(int(p), v["version"]): v["checksum"] for p, vs in audit["versions"].items() for v in vs}
 ok = audit["ok"] and verify.startswith("PASS")
 print(f"\n{n} merger instance(s): {params / 1e6:.1f}M parameters in {len(frag)} fragments; "

@@ -41,6 +41,8 @@ int main(int argc, char** argv) {
   app.add_option("-s,--set", overrides, "override a config value: section.key=value (repeatable)");
   std::string tensors;
   app.add_option("--tensors", tensors, "the model as NAME=D0xD1,... (e.g. embed=128256x4096) instead of the config's built-in one");
+  std::string only;
+  app.add_option("--only", only, "only these fragments (e.g. 0,3) are expected: holding them is holding the model");
   app.add_option("--bootstrap", bootstrap, "Kafka bootstrap servers")->capture_default_str();
   app.add_option("--summary", summary, "write the JSON summary here at exit")->required();
   app.add_option("--poll-ms", poll_ms, "how often the held versions are taken")->capture_default_str()->check(CLI::Range(1, 1000));
@@ -51,8 +53,9 @@ int main(int argc, char** argv) {
     const RunConfig config = load_run_config(config_file, overrides);
     const FragmentLayout layout = bench::bench_layout(config, tensors);  // the layout only, no model
     const uint32_t P = layout.num_fragments();
+    const std::vector<uint32_t> expected = bench::bench_fragments(layout, only);
     int64_t parameters = 0;
-    for (uint32_t p = 0; p < P; ++p) parameters += layout.fragment_numel(p);
+    for (uint32_t p : expected) parameters += layout.fragment_numel(p);
     Metrics metrics{"diloco_subscriber_"};
     const auto t0 = std::chrono::steady_clock::now();
     ParamInbox inbox(ParamInboxOptions{.kafka = {.bootstrap_servers = bootstrap, .client_id = "bench-subscribe"},
@@ -75,13 +78,14 @@ int main(int argc, char** argv) {
         known[p] = params.version;
         have[p] = true;
       }
-      if (complete_at < 0 && std::all_of(have.begin(), have.end(), [](bool b) { return b; })) {
+      if (complete_at < 0 && std::all_of(expected.begin(), expected.end(), [&](uint32_t p) { return have[p]; })) {
         complete_at = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-        std::cerr << "bench-subscribe: holding all " << P << " fragments after " << complete_at << " s\n";
+        std::cerr << "bench-subscribe: holding all " << expected.size() << " fragments after " << complete_at << " s\n";
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(poll_ms));
     }
-    nlohmann::json out{{"fragments", P},
+    nlohmann::json out{{"fragments", expected.size()},
+                       {"layout_fragments", P},
                        {"parameters", parameters},
                        {"complete_seconds", complete_at},
                        {"bytes_received", inbox.bytes_received()},
