@@ -60,7 +60,8 @@ trap 'exit 130' INT TERM
 config=configs/tiny.toml
 partitions=$(( fragments < 4 ? fragments : 4 ))
 sets=(--set model.width="$width" --set model.layers="$layers" --set model.heads=16 --set diloco.fragments="$fragments"
-      --set merger.quorum=1 --set merger.checkpoint_every="$checkpoint_every" --set train.eval_every=0)
+      --set merger.quorum=1 --set merger.checkpoint_every="$checkpoint_every" --set train.eval_every=0
+      --set diloco.H="$(( (40 + fragments - 1) / fragments * fragments ))")  # tiny's 40, or the next multiple of P
 echo "# scale: $(date -u) | nproc $(nproc) | $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ //') | $(free -g | awk '/Mem:/ {print $2}') GiB"
 echo "# ${tensors:+tensors $tensors, }${only:+only fragments $only, }width $width, layers $layers, $fragments fragments, $learners fake learners, $rounds rounds; load $(cut -d' ' -f1-3 /proc/loadavg)"
 

@@ -113,7 +113,11 @@ void ParamInbox::run() {
   }
   options_.held.clear();
   // Snapshots above codec.segment_bytes arrive as segments, decoded into place one at a time.
+  // While a fragment's segments keep arriving (one within request_interval_max_s), it is not
+  // asked for again: a large snapshot takes longer to arrive and decode than the asks' back-off,
+  // and an ask the merger serves would send the whole fragment a second time.
   FragmentParamsAssembler assembler(options_.limits);
+  std::map<uint32_t, Clock::time_point> arriving;  // fragment -> its last segment taken
   // Fragments a snapshot is wanted of: asked for again until a usable version arrives, each time
   // waiting twice as long (learner/snapshot_asks.h).
   std::set<uint32_t> wanted;
@@ -146,6 +150,12 @@ void ParamInbox::run() {
       if (!members_caught_up_ || stall.stalled(p, version, now)) wanted.insert(p);
     }
     for (auto it = wanted.begin(); it != wanted.end();) {
+      const auto segment = arriving.find(*it);
+      if (segment != arriving.end() &&
+          now - segment->second < std::chrono::duration<double>(options_.request_interval_max_s)) {
+        ++it;
+        continue;
+      }
       if (!asks.due(*it, now)) {
         ++it;
         continue;
@@ -223,8 +233,10 @@ void ParamInbox::run() {
       auto assembled = assembler.add(received->message);
       if (!assembled) {
         metrics_.add("params_segments_received_total", 1);
+        arriving[received->fragment] = Clock::now();
         continue;  // a segment of a snapshot not yet complete
       }
+      if (!assembled->update) arriving.erase(received->fragment);  // an update passes by a snapshot begun
       FragmentParams params = std::move(*assembled);
       if (params.fragment != received->fragment)
         throw Rejection(RejectReason::FragmentOutOfRange, "ZeroMQ topic says fragment " +
@@ -266,6 +278,7 @@ void ParamInbox::run() {
       auto& slot = latest_[p];
       if (!slot || shared->version >= slot->version) slot = std::move(shared);
     } catch (const Rejection& e) {
+      arriving.erase(received->fragment);  // a lost segment: the snapshot is asked for again
       ++rejected_;
       metrics_.add("params_rejected_total", 1, {{"reason", reject_reason_name(e.reason)}});
     }

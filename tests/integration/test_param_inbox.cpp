@@ -233,6 +233,38 @@ TEST_CASE("the inbox applies updates bit for bit and asks for a snapshot when it
   CHECK(checksum_fp32(whole->tensors) == v10.checksum);
   for (size_t t = 0; t < v10.tensors.size(); ++t) CHECK(whole->tensors[t].values == v10.tensors[t].values);
   CHECK(metrics.value("params_segments_received_total") >= 4);
+
+  // A snapshot whose segments take longer to arrive than the asks' back-off (one every 0.8 s,
+  // 4 s in all, against asks 0.5, 1 and 2 s apart): the gap is asked for once, and not again
+  // while its segments keep coming (a merger serving the ask would send the fragment twice).
+  FragmentParams v11 = v10;
+  v11.version = 11;
+  v11.tensors = random_tensors(rng, 1.0f);
+  v11.checksum = checksum_fp32(v11.tensors);
+  std::vector<std::vector<uint8_t>> slow;
+  for_each_fragment_params_segment(v11, v11.tensors, 400, 1, [&](uint32_t, uint32_t, std::span<const uint8_t> b) {
+    slow.emplace_back(b.begin(), b.end());
+  });
+  publisher.take_requests();
+  announce(11);
+  REQUIRE(requested(10s));
+  int asked_again = 0;
+  for (const auto& segment : slow) {
+    publisher.publish(0, segment);
+    std::this_thread::sleep_for(800ms);
+    for (const auto& [id, fragments] : publisher.take_requests().fragments) asked_again += fragments.count(0);
+  }
+  CHECK(asked_again == 0);
+  std::optional<FragmentParams> v11_taken;
+  testing::eventually(
+      [&] {
+        for (auto& p : inbox.take({10}))
+          if (p->version == 11) v11_taken = *p;
+        return v11_taken.has_value();
+      },
+      5s);
+  REQUIRE(v11_taken);
+  CHECK(checksum_fp32(v11_taken->tensors) == v11.checksum);
 }
 
 TEST_CASE("an inbox that starts from the versions the learner read asks for nothing and applies the next update",
