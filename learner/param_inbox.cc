@@ -259,7 +259,7 @@ void ParamInbox::run() {
           continue;
         }
         try {
-          params = apply_fragment_update(*h->second, params);
+          params = apply_fragment_update(*h->second, std::move(params));
         } catch (const Rejection&) {
           wanted.insert(p);
           throw;

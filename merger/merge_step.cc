@@ -173,11 +173,12 @@ MergeRecord merge_checked(FragmentState& state, std::span<const MergeInput> inpu
   const uint64_t previous_version = state.version;
   state.version = previous_version + 1;
 
-  // One tensor at a time, in place: the only buffers beyond the state are of the largest tensor.
-  // Within a tensor, ranges of whole downlink blocks go to the pool's threads.
+  // One tensor at a time, in place: the only buffer beyond the state is the largest tensor's
+  // aggregate (4 bytes a value of it). Within a tensor, ranges of whole downlink blocks go to the
+  // pool's threads, each with the range's previous values and what is sent of it.
   size_t largest = 0;
   for (const auto& spec : layout) largest = std::max(largest, static_cast<size_t>(spec.numel()));
-  std::vector<float> update(largest), previous(quantized ? largest : 0), sent(quantized ? largest : 0);
+  std::vector<float> update(largest);
   std::vector<TensorReader> deltas(inputs.size());
   const MergeWork work{.pool = options.pool, .norm_block = options.norm_block};
   const size_t align = feedback_alignment(options.downlink.dtype, options.downlink.block_size);
@@ -198,18 +199,19 @@ MergeRecord merge_checked(FragmentState& state, std::span<const MergeInput> inpu
     for_ranges(options.pool, n, grain, [&](size_t, size_t b, size_t e) {
       const size_t len = e - b;
       const std::span<float> p = params.subspan(b, len);
-      const std::span<float> before = quantized ? std::span<float>(previous).subspan(b, len) : std::span<float>();
-      if (quantized) std::copy(p.begin(), p.end(), before.begin());
+      thread_local std::vector<float> before, sent;  // this range's previous values, and what is sent
+      if (quantized) before.assign(p.begin(), p.end());
       outer_step(options.optimizer, options.hyper, state.version - state.optimizer_since, p, momentum.subspan(b, len),
                  keeps_state ? outer.subspan(b, len) : std::span<float>(), out.subspan(b, len), checked.scale);
       if (!quantized) return;
       // The step's change (reusing `update`), quantized with the residual; the new version is the
       // previous one plus what is sent.
-      for (size_t k = b; k < e; ++k) out[k] = params[k] - previous[k];
+      for (size_t k = 0; k < len; ++k) out[b + k] = p[k] - before[k];
+      sent.resize(len);
       thread_local std::vector<float> scratch;
-      feedback_range(q, out.first(n), state.downlink_residual[t].values, std::span<float>(sent.data(), n), b, e,
-                     scratch, options.downlink.topk);
-      apply_update(before, std::span<const float>(sent.data() + b, len), p);
+      feedback_range(q, out.first(n), state.downlink_residual[t].values, std::span<float>(sent), b, e, scratch,
+                     options.downlink.topk);
+      apply_update(before, sent, p);
     });
     if (options.change && quantized) options.change->push_back(std::move(q));
   }

@@ -472,25 +472,30 @@ std::optional<FragmentParams> FragmentParamsAssembler::add(std::span<const uint8
 }
 
 FragmentParams apply_fragment_update(const FragmentParams& held, const FragmentParams& update) {
+  return apply_fragment_update(held, FragmentParams(update));
+}
+
+FragmentParams apply_fragment_update(const FragmentParams& held, FragmentParams&& update) {
   if (!update.update || held.update || held.fragment != update.fragment || held.version != update.base_version ||
       held.tensors.size() != update.tensors.size())
     throw InvalidInput(detail::concat("an update of fragment ", update.fragment, " from version ",
                                       update.base_version, " does not apply to version ", held.version,
                                       " of fragment ", held.fragment));
-  FragmentParams out = update;
-  out.update = false;
-  out.base_version = 0;
-  for (size_t t = 0; t < out.tensors.size(); ++t) {
+  for (size_t t = 0; t < update.tensors.size(); ++t)
     if (held.tensors[t].shape != update.tensors[t].shape)
       throw InvalidInput(detail::concat("an update of fragment ", update.fragment, ": tensor ", t,
                                         " does not have the held tensor's shape"));
-    apply_update(held.tensors[t].values, update.tensors[t].values, out.tensors[t].values);
-  }
+  // The change's values become the new version's, element by element (apply_update).
+  FragmentParams out = std::move(update);
+  for (size_t t = 0; t < out.tensors.size(); ++t)
+    apply_update(held.tensors[t].values, out.tensors[t].values, out.tensors[t].values);
+  out.update = false;
+  out.base_version = 0;
   const uint64_t actual = checksum_fp32(out.tensors);
-  if (actual != update.checksum)
+  if (actual != out.checksum)
     reject(RejectReason::CorruptFrame,
-           detail::concat("update of fragment ", update.fragment, " to version ", update.version,
-                          ": the reconstruction has checksum ", actual, ", the merger's is ", update.checksum));
+           detail::concat("update of fragment ", out.fragment, " to version ", out.version,
+                          ": the reconstruction has checksum ", actual, ", the merger's is ", out.checksum));
   return out;
 }
 

@@ -147,6 +147,9 @@ FragmentParams decode_fragment_params(std::span<const uint8_t> bytes, const Deco
 // parameters plus the change, checked against the update's checksum. Throws Rejection
 // (CorruptFrame) when the result does not match, InvalidInput when held is not its base.
 FragmentParams apply_fragment_update(const FragmentParams& held, const FragmentParams& update);
+// The same, the new version written over the update's own values: no third copy of the fragment
+// (a subscriber holds the version it has and the update it decoded, 8 bytes per parameter, not 12).
+FragmentParams apply_fragment_update(const FragmentParams& held, FragmentParams&& update);
 
 // ---- Streamed messages (schemas/common.fbs Segment) ------------------------------------------
 // A message too large for one FlatBuffer (2 GiB) or for one piece of a process's memory travels

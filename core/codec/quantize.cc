@@ -500,8 +500,10 @@ void feedback_range(QuantizedTensor& q, std::span<const float> delta, std::span<
   const size_t n = delta.size();
   const size_t align = feedback_alignment(q.dtype, q.block_size);
   DILOCO_ENFORCE(begin % align == 0 && begin <= end && end <= n && static_cast<int64_t>(n) == q.numel() &&
-                     residual_all.size() == n && (sent.empty() || sent.size() == n),
+                     residual_all.size() == n && (sent.empty() || sent.size() == n || sent.size() == end - begin),
                  "feedback_range [", begin, ", ", end, ") of ", n, " values does not fit");
+  // `sent` holds the whole tensor, or this range alone (from its start).
+  const size_t sent_base = sent.size() == n ? 0 : begin;
   check_topk(q.dtype, q.block_size, topk, "top-k");
   // Cache-sized segments of whole blocks (an even number of them, so that an INT4 segment starts
   // on a byte): x = delta + residual, send quantize(x) (of its top-k per block), keep
@@ -520,7 +522,8 @@ void feedback_range(QuantizedTensor& q, std::span<const float> delta, std::span<
     const std::span<uint8_t> payload(q.payload.data() + first_byte, bytes);
     const std::span<float> residual(residual_all.data() + s, len);
     if (topk) {
-      topk_segment(q.dtype, block, topk, delta.data() + s, residual.data(), sent.empty() ? nullptr : sent.data() + s,
+      topk_segment(q.dtype, block, topk, delta.data() + s, residual.data(),
+                   sent.empty() ? nullptr : sent.data() + (s - sent_base),
                    len, scales.data(), payload.data(), payload.size());
       continue;
     }
@@ -528,7 +531,8 @@ void feedback_range(QuantizedTensor& q, std::span<const float> delta, std::span<
     add(delta.data() + s, residual.data(), len, x.data());
     quantize_into(x, q.dtype, q.block_size, scales, payload);
     dequantize_into(q.dtype, q.block_size, scales, payload, residual);
-    if (!sent.empty()) std::copy(residual.begin(), residual.end(), sent.begin() + static_cast<std::ptrdiff_t>(s));
+    if (!sent.empty())
+      std::copy(residual.begin(), residual.end(), sent.begin() + static_cast<std::ptrdiff_t>(s - sent_base));
     subtract_from(x.data(), len, residual.data());
   }
 }

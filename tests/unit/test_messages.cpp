@@ -600,6 +600,14 @@ TEST_CASE("a FragmentParams update rebuilds the merger's version bit for bit", "
   for (size_t t = 0; t < next.tensors.size(); ++t) CHECK(rebuilt.tensors[t].values == next.tensors[t].values);
   // Smaller than the snapshot of the same version.
   CHECK(bytes.size() < encode_fragment_params(next).size());
+  // Applied to the update itself: the new version is written over its values, no third copy.
+  FragmentParams moved = got;
+  const float* storage = moved.tensors[0].values.data();
+  const FragmentParams in_place = apply_fragment_update(held, std::move(moved));
+  CHECK(in_place.tensors[0].values.data() == storage);
+  CHECK_FALSE(in_place.update);
+  CHECK(in_place.base_version == 0);
+  for (size_t t = 0; t < next.tensors.size(); ++t) CHECK(in_place.tensors[t].values == next.tensors[t].values);
 
   SECTION("not on the version it was made for") {
     FragmentParams other = held;
