@@ -151,10 +151,12 @@ std::optional<FragmentState> genesis_from_record(const ReplayRun& run, const Log
   assembler.only(input.learner_id, merge.record.fragment, input.seq);
   std::optional<GenesisProposal> proposal = assembler.add(found.front().value, at);
   if (!proposal && assembler.pending()) {
-    // A streamed proposal: its other segments follow in the partition, among other messages.
-    // The read starts inside segment 0's pieces, whose tails the chunk reader passes over.
+    // A streamed proposal: its other segments follow in the partition, among other messages. The
+    // read starts at segment 0's first piece again: the segments of one proposal share its chunk
+    // id, so a read from inside segment 0's pieces would take its tail for the next segment's.
+    assembler.reset();
     run.reader->read_to_end(
-        {{at.topic, at.partition, at.offset + 1}},
+        {{at.topic, at.partition, at.offset}},
         [&](const ConsumedMessage& m) {
           if (!proposal) proposal = assembler.add(m.value, {m.topic, m.partition, m.offset});
         },
