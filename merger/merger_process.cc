@@ -363,14 +363,22 @@ void MergerProcess::handle_proposal(const ConsumedMessage& message) {
     }
     proposal = std::move(*read);
   } catch (const Rejection& e) {
-    reject(message, reject_reason_name(e.reason), e.what());
+    // A streamed proposal cut short is rejected where it began, where replay's audit counts it.
+    const auto& began = book_.dropped_proposal_head();
+    reject(began.value_or(LogPosition{message.topic, message.partition, message.offset}), message.value.size(),
+           message.value, reject_reason_name(e.reason), e.what());
     return;
   }
+  // Where the proposal began (its segment 0, or the whole message): its genesis record names it
+  // there, and so does any rejection of it below.
   const LogPosition at = book_.proposal_head();
+  auto refuse = [&](const std::string& reason, const std::string& detail) {
+    reject(at, message.value.size(), message.value, reason, detail, proposal.learner_id);
+  };
   const uint32_t p = proposal.fragment;
   const std::string who = "learner " + proposal.learner_id;
   if (book_.partition_of(p) != message.partition || (!book_.awaiting_genesis.count(p) && !book_.owned.count(p))) {
-    reject(message, "wrong_partition",
+    refuse("wrong_partition",
            detail::concat("fragment ", p, " belongs in partition ", book_.partition_of(p), " of ",
                           o_.config.diloco.fragments, " fragments"));
     return;
@@ -380,11 +388,11 @@ void MergerProcess::handle_proposal(const ConsumedMessage& message) {
     if (why.empty())
       why = detail::concat("the run has ", layout_->num_fragments(), " fragments, the proposal ",
                            proposal.layout->num_fragments());
-    reject(message, "wrong_fingerprint", who + " proposed another model than the run's: " + why);
+    refuse("wrong_fingerprint", who + " proposed another model than the run's: " + why);
     return;
   }
   if (auto it = book_.owned.find(p); it != book_.owned.end()) {
-    reject(message, "genesis_exists",
+    refuse("genesis_exists",
            detail::concat(who, " proposed version 0 of fragment ", p, ", which has one (now at version ",
                           it->second.state.version, ")"));
     return;
@@ -393,7 +401,7 @@ void MergerProcess::handle_proposal(const ConsumedMessage& message) {
     try {
       adopt_layout(proposal.layout);
     } catch (const InvalidInput& e) {
-      reject(message, "too_large", e.what());
+      refuse("too_large", e.what());
       return;
     }
   }

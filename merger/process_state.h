@@ -142,6 +142,8 @@ class ProcessState {
   std::optional<GenesisProposal> read_proposal(const ConsumedMessage& message);
   // Where the proposal read_proposal() last returned began: the position its genesis record names.
   const LogPosition& proposal_head() const { return proposals_.head(); }
+  // Where the streamed proposal that read_proposal()'s last rejection dropped began, if it had.
+  const std::optional<LogPosition>& dropped_proposal_head() const { return proposals_.dropped_head(); }
   const ChunkAssembler& chunks() const { return chunks_; }
   // The next offset of each consumed partition.
   const std::map<std::pair<std::string, int32_t>, int64_t>& next_offsets() const { return next_offset_; }

@@ -836,6 +836,12 @@ GenesisProposal decode_genesis_proposal(std::span<const uint8_t> bytes, const De
   return decode_whole_proposal(m, limits, bytes.size());
 }
 
+uint32_t genesis_proposal_segment(std::span<const uint8_t> bytes, const DecodeLimits& limits) {
+  ReleaseScratch release;
+  const auto& m = open_proposal(bytes, limits);
+  return m.segment() ? m.segment()->index() : 0;
+}
+
 uint32_t genesis_proposal_segments(const GenesisProposal& msg, uint64_t segment_bytes) {
   return segments_for(fragment_values(msg.tensors), 4, segment_bytes, "proposal");
 }
@@ -864,6 +870,7 @@ std::vector<LogPosition> GenesisProposalAssembler::open_heads() const {
 
 std::optional<GenesisProposal> GenesisProposalAssembler::add(std::span<const uint8_t> bytes, const LogPosition& at) {
   ReleaseScratch release;
+  dropped_head_.reset();
   const auto& m = open_proposal(bytes, limits_);
   if (only_ && (m.fragment() != std::get<1>(*only_) || m.seq() != std::get<2>(*only_) || !m.learner_id() ||
                 m.learner_id()->string_view() != std::get<0>(*only_)))
@@ -910,6 +917,7 @@ std::optional<GenesisProposal> GenesisProposalAssembler::add(std::span<const uin
     open_.erase(it);
     return out;
   } catch (...) {
+    if (it->second.cursor.next > 0) dropped_head_ = it->second.head;
     open_.erase(it);
     throw;
   }

@@ -427,6 +427,10 @@ GenesisProposal decode_genesis_proposal(std::span<const uint8_t> bytes, const De
 
 // Streamed proposals, as snapshots stream: segment 0 also carries the layout.
 uint32_t genesis_proposal_segments(const GenesisProposal& msg, uint64_t segment_bytes);
+// Which segment of a streamed proposal `bytes` is (0 for a whole proposal), from its header alone
+// (no tensor decoded): a proposal counts once, at its segment 0. Throws Rejection for a message
+// that does not open as a proposal of the run.
+uint32_t genesis_proposal_segment(std::span<const uint8_t> bytes, const DecodeLimits& limits);
 void for_each_genesis_proposal_segment(const GenesisProposal& msg, uint64_t segment_bytes, int zstd_level,
                                        const SegmentSink& emit);
 
@@ -444,6 +448,9 @@ class GenesisProposalAssembler {
   std::optional<GenesisProposal> add(std::span<const uint8_t> bytes, const LogPosition& at = {});
   // Where the proposal add() last returned began: its segment 0's `at` (a whole one's own).
   const LogPosition& head() const { return head_; }
+  // Where the proposal that add()'s last rejection dropped began, when it had begun (a segment
+  // past 0 that did not continue it): its reader rejects the proposal there, where it counts it.
+  const std::optional<LogPosition>& dropped_head() const { return dropped_head_; }
   // Where the proposals begun began: a reader of a log must not commit its offset past them, or
   // a restart would read only their tails.
   std::vector<LogPosition> open_heads() const;
@@ -468,6 +475,7 @@ class GenesisProposalAssembler {
   DecodeLimits limits_;
   size_t max_open_;
   LogPosition head_;
+  std::optional<LogPosition> dropped_head_;
   std::optional<Key> only_;
   std::map<Key, Open> open_;
 };

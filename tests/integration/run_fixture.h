@@ -148,17 +148,22 @@ inline std::unique_ptr<ChildProcess> start_merger(const KafkaOptions& kafka, con
   return std::make_unique<ChildProcess>(args, dir + "/" + folder + ".log");
 }
 
-// `diloco-replay verify` of the run (tiny config with `sets`, which name the run id): PASS and
-// exit 0, or the test fails with its output.
-inline void require_verify_pass(const KafkaOptions& kafka, const std::string& dir, const std::vector<std::string>& sets) {
+// `diloco-replay <command>` (verify, audit) of the run (tiny config with `sets`, which name the
+// run id): PASS and exit 0, or the test fails with its output.
+inline void require_replay_pass(const KafkaOptions& kafka, const std::string& dir, const std::vector<std::string>& sets,
+                                const std::string& command) {
   std::vector<std::string> args = {replay_binary(), "-c", tiny_config_path(), "--bootstrap", kafka.bootstrap_servers};
   args.insert(args.end(), sets.begin(), sets.end());
-  args.push_back("verify");
-  ChildProcess verify(args, dir + "/verify.log");
-  const auto code = verify.wait_exit(std::chrono::seconds(120));
-  INFO(verify.log());
+  args.push_back(command);
+  ChildProcess replay(args, dir + "/" + command + ".log");
+  const auto code = replay.wait_exit(std::chrono::seconds(120));
+  INFO(replay.log());
   REQUIRE(code == std::optional<int>(0));
-  CHECK(verify.log().find("PASS") != std::string::npos);
+  CHECK(replay.log().find("PASS") != std::string::npos);
+}
+
+inline void require_verify_pass(const KafkaOptions& kafka, const std::string& dir, const std::vector<std::string>& sets) {
+  require_replay_pass(kafka, dir, sets, "verify");
 }
 
 // One merger ("M0") and `learners` learners ("L0", ...) of tiny in one region "r0" of `run`, each

@@ -105,8 +105,10 @@ TEST_CASE("streamed checkpoints: written in segments, recovered from, joined fro
   }
   again->signal(SIGTERM);
   REQUIRE(again->wait_exit(60s) == std::optional<int>(0));
-  // Replay reads the streamed checkpoints too, and rebuilds every version bit for bit.
+  // Replay reads the streamed checkpoints too, and rebuilds every version bit for bit; the audit
+  // counts each streamed proposal once, at its segment 0, as version 0 of its fragment.
   testing::require_verify_pass(r.kafka, r.dir, r.sets);
+  testing::require_replay_pass(r.kafka, r.dir, r.sets, "audit");
 }
 
 TEST_CASE("streamed snapshots: with an fp32 downlink every version reaches a learner in segments",

@@ -602,12 +602,24 @@ TEST_CASE("streamed proposals: bounded, strict, and dropped on a rejection", "[c
     CHECK_REJECTS(assembler.add(segments[0]), TooLarge);
     CHECK(assembler.pending() == 2);
   }
-  SECTION("a lost segment") {
+  SECTION("a lost segment: the proposal dropped where it began") {
     GenesisProposalAssembler assembler(limits);
-    (void)assembler.add(segments[0]);
-    CHECK_REJECTS(assembler.add(segments[2]), ChunkMismatch);
+    const LogPosition head{"diloco.run-1.genesis", 0, 40};
+    (void)assembler.add(segments[0], head);
+    CHECK(assembler.open_heads() == std::vector<LogPosition>{head});
+    CHECK_REJECTS(assembler.add(segments[2], {"diloco.run-1.genesis", 0, 42}), ChunkMismatch);
+    CHECK(assembler.dropped_head() == std::optional<LogPosition>(head));
     CHECK(assembler.pending() == 0);
-    CHECK_REJECTS(assembler.add(segments[3]), ChunkMissing);
+    CHECK(assembler.open_heads().empty());
+    CHECK_REJECTS(assembler.add(segments[3], {"diloco.run-1.genesis", 0, 43}), ChunkMissing);
+    CHECK_FALSE(assembler.dropped_head().has_value());  // it began nothing
+  }
+  SECTION("a segment's index from its header alone") {
+    for (size_t i = 0; i < segments.size(); ++i) CHECK(genesis_proposal_segment(segments[i], limits) == i);
+    CHECK(genesis_proposal_segment(encode_genesis_proposal(p), limits) == 0);
+    DecodeLimits other = limits;
+    other.run_id = "run-2";
+    CHECK_REJECTS(genesis_proposal_segment(segments[1], other), WrongRunId);
   }
   SECTION("a changed value fails the checksum at the end") {
     auto tampered = p;

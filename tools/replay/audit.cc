@@ -30,9 +30,19 @@ RunAudit audit(const ReplayRun& run) {
       *run.reader, run.delta_topics, [&](const ConsumedMessage& m) { a.deltas.insert({m.topic, m.partition, m.offset}); },
       run.timeout_ms, &limits,
       [&](const ChunkProblem& p) { a.deltas.insert({p.position.topic, p.position.partition, p.position.offset}); });
+  // A streamed proposal counts once, at its segment 0 (where its genesis record or its rejection
+  // names it); a message that does not open as a proposal must have been rejected where it is.
   read_to_end(
       *run.reader, {run.topics.genesis()},
-      [&](const ConsumedMessage& m) { a.proposals.insert({m.topic, m.partition, m.offset}); }, run.timeout_ms, &limits,
+      [&](const ConsumedMessage& m) {
+        uint32_t segment = 0;
+        try {
+          segment = genesis_proposal_segment(m.value, limits);
+        } catch (const Rejection&) {
+        }
+        if (segment == 0) a.proposals.insert({m.topic, m.partition, m.offset});
+      },
+      run.timeout_ms, &limits,
       [&](const ChunkProblem& p) { a.proposals.insert({p.position.topic, p.position.partition, p.position.offset}); });
   read_to_end(*run.reader, {run.topics.rejected()}, [&](const ConsumedMessage& m) {
     try {
