@@ -48,7 +48,7 @@ void sparse_unpack(DType dtype, size_t n, std::span<const uint8_t> gaps, std::sp
 
 // A checked sparse form straight to fp32 (out.size() == n): +0 everywhere, then q * scale of its
 // block at each position. The same bits as dequantize_into of the unpacked payload (a value 0
-// dequantizes to 0 * scale = +0 there, scales being finite and not negative once checked).
+// dequantizes to 0 * scale = +0 there, scales being finite and without a sign bit once checked).
 void sparse_dequantize(DType dtype, uint32_t block_size, std::span<const float> scales,
                        std::span<const uint8_t> gaps, std::span<const uint8_t> values, std::span<float> out);
 

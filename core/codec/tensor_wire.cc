@@ -88,7 +88,9 @@ void check_scales(std::span<const float> scales, const std::string& what) {
     const float s = scales[i];
     if (!std::isfinite(s))
       reject(RejectReason::NonFinite, detail::concat(what, ": scale ", i, " is ", s));
-    if (s < 0.0f) reject(RejectReason::BadCodec, detail::concat(what, ": negative scale ", s));
+    // -0 too: no encoder writes it, and a value a sparse delta leaves out would read +0 when
+    // dequantized sparse but 0 * -0 = -0 once unpacked.
+    if (std::signbit(s)) reject(RejectReason::BadCodec, detail::concat(what, ": negative scale ", s));
     if (s > kMaxScale)
       reject(RejectReason::NonFinite, detail::concat(what, ": scale ", s, " overflows values"));
   }

@@ -1338,6 +1338,12 @@ TEST_CASE("rejected: codec", "[codec][reject]") {
     t.scales = std::vector<float>{0.5f, -0.25f};
     CHECK_REJECTS(decode_both(build(r), limits), BadCodec);
   }
+  SECTION("negative zero scale") {
+    // No encoder writes -0 (a block's largest magnitude is +0 at least), and a value a sparse
+    // delta leaves out would read +0 where its unpacked payload gives code 0 * -0 = -0.
+    t.scales = std::vector<float>{0.5f, -0.0f};
+    CHECK_REJECTS(decode_both(build(r), limits), BadCodec);
+  }
   SECTION("codec missing") {
     r.has_codec = false;
     CHECK_REJECTS(decode_both(build(r), limits), MissingField);
