@@ -88,8 +88,9 @@ inline bool is_merge(const MergeRecord& r) { return !r.genesis && !r.inputs.empt
 // Applies one logged merge to `state` (at version record.prev_version): fetches and decodes the
 // input deltas, re-runs merge_step with the record's rule, optimizer and weights, and checks the
 // result's checksum against the record. Updates `state` in place (version, params, momentum,
-// checksum, last_merge, and the bookkeeping of account()). Throws InvalidInput when a delta is missing or the checksum
-// differs, naming the record's position.
+// checksum, last_merge, and the bookkeeping of account()), holding no second copy of it. Throws
+// InvalidInput when a delta is missing or the checksum differs, naming the record's position;
+// after a checksum that differs `state` holds the version it rebuilt, and is not to be used.
 void apply_logged_merge(const LogContext& ctx, FragmentState& state, const LoggedMerge& merge);
 
 // Fetched messages by Kafka position (topic, partition, offset); they must outlive the index.

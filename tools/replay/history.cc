@@ -34,9 +34,10 @@ std::map<uint32_t, FragmentLog> read_histories(const ReplayRun& run, StartAt sta
   return out;
 }
 
-// The state of one fragment at `version` (which its history must hold).
-FragmentState rebuild_fragment(const ReplayRun& run, const FragmentLog& f, uint64_t version) {
-  FragmentState state = f.start;
+// The state of one fragment at `version` (which its history must hold), from its start, which
+// it moves out.
+FragmentState rebuild_fragment(const ReplayRun& run, FragmentLog& f, uint64_t version) {
+  FragmentState state = std::move(f.start);
   replay_records(run, state, f.merges, version, [](const FragmentState&, const LoggedMerge&) {});
   if (state.version != version)
     throw InvalidInput("fragment " + std::to_string(state.fragment) + ": the merge log stops at version " +
@@ -48,8 +49,8 @@ FragmentState rebuild_fragment(const ReplayRun& run, const FragmentLog& f, uint6
 // progress every few seconds.
 class FragmentCheck {
  public:
-  FragmentCheck(const FragmentLog& log, VerifyReport& report, std::ostream& progress)
-      : log_(log), report_(report), progress_(progress) {}
+  FragmentCheck(const FragmentLog& log, uint32_t fragment, VerifyReport& report, std::ostream& progress)
+      : log_(log), fragment_(fragment), report_(report), progress_(progress) {}
 
   // Every checkpoint of `state.version` other than the start must match it.
   void compare_checkpoints(const FragmentState& state) {
@@ -82,13 +83,14 @@ class FragmentCheck {
   }
 
   void fail(const std::string& what) {
-    if (!failed_) report_.mismatches.push_back("fragment " + std::to_string(log_.start.fragment) + ": " + what);
+    if (!failed_) report_.mismatches.push_back("fragment " + std::to_string(fragment_) + ": " + what);
     failed_ = true;
   }
   bool failed() const { return failed_; }
 
  private:
-  const FragmentLog& log_;
+  const FragmentLog& log_;  // its start may have been moved out
+  uint32_t fragment_;
   VerifyReport& report_;
   std::ostream& progress_;
   Clock::time_point last_report_ = Clock::now();
@@ -96,23 +98,25 @@ class FragmentCheck {
 };
 
 // Version 0 is the values of the proposal its genesis record names (when the proposal is still
-// there), and the checksum the record and the checkpoints say.
+// there), and the checksum the record and the checkpoints say. Only the proposal's values are
+// held, not a state built from them: a fragment's start is in memory already.
 void verify_genesis(const ReplayRun& run, const FragmentLog& f, FragmentCheck& check) {
   if (!f.genesis) {
     check.fail("no genesis record: version 0 was never committed from a learner's proposal");
     return;
   }
-  std::optional<FragmentState> v0;
   try {
-    v0 = genesis_from_record(run, *f.genesis);
+    if (const auto proposal = proposal_from_record(run, *f.genesis)) {
+      const uint64_t checksum = checksum_fp32(proposal->tensors);
+      if (checksum != f.genesis->record.checksum)
+        check.fail("the proposal at " + describe(f.genesis->record.inputs.front().position) + " has checksum " +
+                   std::to_string(checksum) + ", the genesis record at " + describe(f.genesis->position) +
+                   " says " + std::to_string(f.genesis->record.checksum));
+    }
   } catch (const InvalidInput& e) {
     check.fail(e.what());
     return;
   }
-  if (v0 && v0->checksum != f.genesis->record.checksum)
-    check.fail("the proposal at " + describe(f.genesis->record.inputs.front().position) + " has checksum " +
-               std::to_string(v0->checksum) + ", the genesis record at " + describe(f.genesis->position) + " says " +
-               std::to_string(f.genesis->record.checksum));
   for (const auto& c : f.checkpoints)
     if (c.version == 0 && c.checksum != f.genesis->record.checksum)
       check.fail("the version 0 checkpoint at " + describe(c.position) + " has checksum " + std::to_string(c.checksum) +
@@ -120,14 +124,17 @@ void verify_genesis(const ReplayRun& run, const FragmentLog& f, FragmentCheck& c
                  std::to_string(f.genesis->record.checksum));
 }
 
-void verify_fragment(const ReplayRun& run, const FragmentLog& f, VerifyReport& report, std::ostream& progress) {
-  FragmentCheck check(f, report, progress);
-  FragmentState state = f.start;
-  if (state.run_id.empty()) {
-    progress << "verify: fragment " << f.start.fragment << ": no version 0 yet, nothing to verify\n";
+// Replays `f` from its start, which it moves out (one copy of the fragment's state in memory).
+void verify_fragment(const ReplayRun& run, FragmentLog& f, VerifyReport& report, std::ostream& progress) {
+  const uint32_t fragment = f.start.fragment;
+  const std::string from = start_text(f);
+  FragmentCheck check(f, fragment, report, progress);
+  if (f.start.run_id.empty()) {
+    progress << "verify: fragment " << fragment << ": no version 0 yet, nothing to verify\n";
     return;
   }
   verify_genesis(run, f, check);
+  FragmentState state = std::move(f.start);
   check.compare_checkpoints(state);
   try {
     replay_records(run, state, f.merges, UINT64_MAX,
@@ -140,8 +147,8 @@ void verify_fragment(const ReplayRun& run, const FragmentLog& f, VerifyReport& r
     if (c.version > state.version)
       check.fail("checkpoint at " + describe(c.position) + " is version " + std::to_string(c.version) +
                  " but the merge log rebuilds only up to version " + std::to_string(state.version));
-  progress << "verify: fragment " << state.fragment << ": " << (check.failed() ? "MISMATCH" : "ok") << " from "
-           << start_text(f) << " to version " << state.version << "\n";
+  progress << "verify: fragment " << fragment << ": " << (check.failed() ? "MISMATCH" : "ok") << " from " << from
+           << " to version " << state.version << "\n";
 }
 
 }  // namespace
@@ -216,15 +223,16 @@ void rebuild(const ReplayRun& run, const RebuildOptions& o, std::ostream& out) {
 
   nlohmann::json versions = nlohmann::json::object(), checksums = nlohmann::json::object();
   std::vector<FragmentState> states;
-  for (const auto& [p, f] : logs) {
+  for (auto& [p, f] : logs) {
     if (o.fragment && p != *o.fragment) continue;
     if (f.start.run_id.empty()) throw InvalidInput("fragment " + std::to_string(p) + " has no version 0 yet");
     const uint64_t version = std::min(o.version, f.latest_version);
+    const std::string from = start_text(f);
     states.push_back(rebuild_fragment(run, f, version));
     versions[std::to_string(p)] = version;
     checksums[std::to_string(p)] = states.back().checksum;
     out << "fragment " << p << ": version " << version << " checksum " << states.back().checksum << " (from "
-        << start_text(f) << ")\n";
+        << from << ")\n";
   }
   nlohmann::json info{{"kind", "rebuild"}, {"run_id", run.config.run.id}, {"fingerprint", run.layout->fingerprint},
                       {"version", o.version}, {"versions", versions}, {"checksums", checksums},
@@ -235,7 +243,7 @@ void rebuild(const ReplayRun& run, const RebuildOptions& o, std::ostream& out) {
 
 std::vector<FragmentState> rebuild_states(const ReplayRun& run, uint64_t version) {
   std::vector<FragmentState> states;
-  for (const auto& [p, f] : read_histories(run, StartAt{.at_most = version}, warn_rejected)) {
+  for (auto& [p, f] : read_histories(run, StartAt{.at_most = version}, warn_rejected)) {
     if (f.start.run_id.empty()) throw InvalidInput("fragment " + std::to_string(p) + " has no version 0 yet");
     states.push_back(rebuild_fragment(run, f, std::min(version, f.latest_version)));
   }
@@ -249,7 +257,7 @@ VerifyReport verify(const ReplayRun& run, std::ostream& progress) {
   };
   for (int32_t partition = 0; partition < run.partitions; ++partition) {
     auto logs = read_fragment_logs(run, partition, StartAt{.earliest = true}, rejected);
-    for (const auto& [p, f] : logs) {
+    for (auto& [p, f] : logs) {
       progress << "verify: fragment " << p << ": " << f.merges.size() << " merge records after " << start_text(f)
                << ", " << f.checkpoints.size() << " checkpoints\n";
       verify_fragment(run, f, report, progress);

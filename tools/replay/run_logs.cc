@@ -140,7 +140,7 @@ ConsumedMessage fetch_one(const ReplayRun& run, const LogPosition& position) {
 
 // ---- fragment histories ---------------------------------------------------------------------
 
-std::optional<FragmentState> genesis_from_record(const ReplayRun& run, const LoggedMerge& merge) {
+std::optional<GenesisProposal> proposal_from_record(const ReplayRun& run, const LoggedMerge& merge) {
   if (!merge.record.genesis) return std::nullopt;
   const DeltaRef& input = merge.record.inputs.front();
   const LogPosition& at = input.position;
@@ -166,6 +166,12 @@ std::optional<FragmentState> genesis_from_record(const ReplayRun& run, const Log
     throw InvalidInput("the proposal at " + describe(at) + " is not the one the genesis record at " +
                        describe(merge.position) + " names" +
                        (assembler.pending() ? " (its segments end before its last one)" : ""));
+  return proposal;
+}
+
+std::optional<FragmentState> genesis_from_record(const ReplayRun& run, const LoggedMerge& merge) {
+  auto proposal = proposal_from_record(run, merge);
+  if (!proposal) return std::nullopt;
   return genesis_state(run.config, run.layout, proposal->fragment, std::move(proposal->tensors));
 }
 

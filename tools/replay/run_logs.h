@@ -60,9 +60,12 @@ struct StartAt {
 std::map<uint32_t, FragmentLog> read_fragment_logs(const ReplayRun& run, int32_t partition, StartAt start,
                                                    const OnRejected& rejected);
 
-// Version 0 of a fragment from the proposal a genesis record names; none when the proposal is
-// gone (retention). Throws InvalidInput when the position holds another proposal, Rejection when
-// it does not decode.
+// The proposal a genesis record names, assembled from its segments when streamed; none when the
+// record is not a genesis record or the proposal is gone (retention). Throws InvalidInput when the
+// position holds another proposal or its segments end early, Rejection when it does not decode.
+std::optional<GenesisProposal> proposal_from_record(const ReplayRun& run, const LoggedMerge& merge);
+
+// Version 0 of a fragment from that proposal (its parameters, zero momentum and outer state).
 std::optional<FragmentState> genesis_from_record(const ReplayRun& run, const LoggedMerge& merge);
 
 // Applies the records that continue `state` (apply_logged_merge: checksums checked) until it
