@@ -2,6 +2,7 @@
 
 #include <sys/resource.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -169,6 +170,7 @@ struct LearnerRuntime::Impl {
   std::unique_ptr<JsonLines> log_file;
   std::unique_ptr<MetricsEndpoint> endpoint;
   std::vector<FragmentTrack> fragments;  // the global state of every fragment as this learner knows it
+  std::vector<bool> takes_part;          // per fragment: in RuntimeOptions::fragments (or all)
   std::vector<uint64_t> seqs;            // per fragment: seq of the last delta sent
   std::optional<CutSchedule> schedule;   // Train mode: when each fragment is next due
   std::unique_ptr<DeltaPublisher> publisher;
@@ -201,8 +203,6 @@ LearnerRuntime::Impl::Impl(RuntimeOptions options, std::vector<RegisteredTensor>
   specs.reserve(tensors.size());
   for (const auto& t : tensors) specs.push_back(TensorSpec{t.name, t.shape});
   layout = std::make_shared<const FragmentLayout>(partition_tensors(specs, o.config.diloco.fragments));
-  for (const auto& t : tensors)
-    if (t.host == nullptr) throw InvalidInput("tensor '" + t.name + "' has no host buffer");
   members.resize(layout->num_fragments());
   partial.resize(layout->num_fragments());
   for (uint32_t p = 0; p < layout->num_fragments(); ++p)
@@ -210,6 +210,17 @@ LearnerRuntime::Impl::Impl(RuntimeOptions options, std::vector<RegisteredTensor>
       if (members[p].empty() || members[p].back() != piece.tensor) members[p].push_back(piece.tensor);
       if (!piece.whole && (partial[p].empty() || partial[p].back() != piece.tensor)) partial[p].push_back(piece.tensor);
     }
+  takes_part.assign(layout->num_fragments(), o.fragments.empty());
+  for (uint32_t p : o.fragments) {
+    if (p >= layout->num_fragments())
+      throw InvalidInput(detail::concat("fragment ", p, " is not in the layout (fragments 0 to ",
+                                        layout->num_fragments() - 1, ")"));
+    if (takes_part[p]) throw InvalidInput(detail::concat("fragment ", p, " is listed twice"));
+    takes_part[p] = true;
+  }
+  for (uint32_t p = 0; p < layout->num_fragments(); ++p)
+    for (uint32_t t : takes_part[p] ? members[p] : std::vector<uint32_t>{})
+      if (tensors[t].host == nullptr) throw InvalidInput("tensor '" + tensors[t].name + "' has no host buffer");
   if (o.learner_id.empty()) throw InvalidInput("the learner id is empty");
   if (o.region.empty()) throw InvalidInput("the region is empty");
   if ((o.batch == 0) != (o.context == 0))
@@ -375,10 +386,11 @@ bool LearnerRuntime::Impl::join_run() {
     for (const auto& [p, state] : scan.latest) check_model(state);
     std::vector<uint32_t> missing;
     for (uint32_t p = 0; p < n; ++p)
-      if (!scan.latest.count(p)) missing.push_back(p);
+      if (takes_part[p] && !scan.latest.count(p)) missing.push_back(p);
     if (missing.empty()) {
       held_at_start.clear();
       for (auto& [p, state] : scan.latest) {
+        if (!takes_part[p]) continue;
         held_at_start.push_back(FragmentParams{.run_id = state.run_id, .fingerprint = state.fingerprint, .fragment = p,
                                                .version = state.version, .checksum = state.checksum,
                                                .tensors = state.params});
@@ -393,7 +405,8 @@ bool LearnerRuntime::Impl::join_run() {
       say(detail::concat("the run has no version 0 of ", missing.size(), " fragment(s): proposed this learner's values"));
     }
     if (seconds_since(t0) > static_cast<double>(o.genesis_timeout.count()))
-      throw Unavailable(detail::concat("no version 0 of ", missing.size(), " of ", n, " fragments in ", topics.state(),
+      throw Unavailable(detail::concat("no version 0 of ", missing.size(), " of ",
+                                       std::count(takes_part.begin(), takes_part.end(), true), " fragments in ", topics.state(),
                                        " after ", o.genesis_timeout.count(),
                                        " s: is a merger of run '", o.config.run.id, "' running?"));
     if (seconds_since(last_note) >= 5) {
@@ -426,13 +439,14 @@ void LearnerRuntime::Impl::adopt_received(float loss) {
   // grace window, so that it joins that merge instead of missing it by a few steps.
   for (const RoundOpen& notice : inbox->take_round_opens()) {
     const uint32_t p = notice.fragment;
-    if (p >= fragments.size() || notice.version < fragments[p].version()) continue;
+    if (p >= fragments.size() || !takes_part[p] || notice.version < fragments[p].version()) continue;
     if (!cut_early(p, notice.version + 1, loss)) continue;
     log({{"event", "round_open_cut"}, {"fragment", p}, {"version", notice.version}, {"merger", notice.merger_instance}});
   }
   for (const auto& taken : inbox->take(known)) {
     const FragmentParams& params = *taken;
     const uint32_t p = params.fragment;
+    if (!takes_part[p]) continue;
     auto& f = fragments[p];
     // Cut before an overwrite: with overwrite-on-adoption, a learner a few steps behind the others
     // would lose all its progress on p since its base when another learner's merge arrives first.
@@ -537,7 +551,7 @@ void LearnerRuntime::Impl::wait_for_versions(const std::map<uint32_t, uint64_t>&
   auto behind = [&] {
     bool waiting = false;
     for (const auto& [p, v] : versions) {
-      if (p >= fragments.size() || fragments[p].version() >= v || silent.count(p)) continue;
+      if (p >= fragments.size() || !takes_part[p] || fragments[p].version() >= v || silent.count(p)) continue;
       if (inbox && inbox->owner_silent(p, o.resume_silent_intervals)) {
         silent.insert(p);
         say(detail::concat("fragment ", p, ": no merger announced it for ", o.resume_silent_intervals,
@@ -576,6 +590,7 @@ void LearnerRuntime::Impl::heartbeat(bool force, bool leaving) {
   m.bytes_sent = publisher->stats().bytes_delivered;
   if (inbox) m.bytes_received = inbox->bytes_received();
   for (uint32_t p = 0; p < fragments.size(); ++p) {
+    if (!takes_part[p]) continue;
     m.owned_fragments.push_back(p);
     m.fragment_versions.push_back(fragments[p].version());
   }
@@ -652,7 +667,8 @@ bool LearnerRuntime::start() {
       .offset = s.o.config.diloco.stagger ? stagger_offset(s.o.index, s.o.learners, s.o.config.diloco.H) : 0u};
   if (!s.networked()) {
     // A standalone learner trains from the client's values, as version 0 of every fragment.
-    for (uint32_t p = 0; p < s.layout->num_fragments(); ++p) s.fragments[p] = FragmentTrack(s.read_tensors(p), 0);
+    for (uint32_t p = 0; p < s.layout->num_fragments(); ++p)
+      if (s.takes_part[p]) s.fragments[p] = FragmentTrack(s.read_tensors(p), 0);
     s.schedule.emplace(schedule, 0);
     s.last_step_end = Clock::now();
     return true;
@@ -757,6 +773,7 @@ void LearnerRuntime::step(const StepReport& report) {
   for (auto& f : s.fragments) f.count_step(report.tokens);
   if (s.o.mode == LearnerMode::Train && s.networked()) {
     for (uint32_t p : s.schedule->due(s.step)) {
+      if (!s.takes_part[p]) continue;
       s.publish_delta(p, loss, false);
       s.schedule->cut(p, s.step);
     }
@@ -864,6 +881,7 @@ std::vector<uint8_t> LearnerRuntime::save_state() const {
   SavedLearner saved{.run_id = s.o.config.run.id, .fingerprint = s.layout->fingerprint, .learner_id = s.o.learner_id,
                      .step = s.step, .tokens = s.total_tokens};
   for (uint32_t p = 0; p < s.fragments.size(); ++p) {
+    if (!s.takes_part[p]) continue;
     FragmentTrack::Saved f = s.fragments[p].save();
     saved.fragments.push_back(SavedFragment{.fragment = p, .version = f.version, .checksum = f.checksum,
                                             .anchor = std::move(f.anchor), .carried = std::move(f.carried),
@@ -887,6 +905,20 @@ void LearnerRuntime::load_state(std::span<const uint8_t> bytes) {
   if (saved.learner_id != s.o.learner_id)
     throw InvalidInput("the saved state belongs to learner '" + saved.learner_id + "', this learner is '" +
                        s.o.learner_id + "'");
+  {  // the fragments this learner takes part in, no more and no fewer, before anything changes
+    std::vector<bool> saved_here(s.fragments.size(), false);
+    for (const auto& f : saved.fragments) saved_here[f.fragment] = true;  // each < P, once: decoded
+    if (saved_here != s.takes_part) {
+      auto list = [](const std::vector<bool>& in) {
+        std::string out;
+        for (uint32_t p = 0; p < in.size(); ++p)
+          if (in[p]) out += (out.empty() ? "" : ",") + std::to_string(p);
+        return out;
+      };
+      throw InvalidInput("the saved state holds fragments " + list(saved_here) + ", this learner takes part in " +
+                         list(s.takes_part) + " (RuntimeOptions::fragments): load it into a learner of the same fragments");
+    }
+  }
   for (auto& f : saved.fragments) {
     const uint32_t p = f.fragment;
     FragmentTrack current = std::move(s.fragments[p]);

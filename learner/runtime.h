@@ -107,6 +107,12 @@ struct RuntimeOptions {
   // Polled about every 10 ms in every wait (the broker, genesis, the versions of a restart, a
   // synchronous merge): true ends the wait. start() then returns false; step() returns.
   std::function<bool()> should_stop;
+  // The fragments this learner takes part in (empty: all of them). A learner of some fragments
+  // proposes, cuts, adopts and announces only those, holds no state for the others, and needs host
+  // buffers only for the tensors they hold (the others' may be null). For measuring a few
+  // fragments of a model too large for one machine (bench/scale.sh --only); a run trains every
+  // fragment only if every fragment has a learner.
+  std::vector<uint32_t> fragments;
 };
 
 // What a client tells the runtime about one inner step.

@@ -60,7 +60,9 @@ SavedLearner decode_learner_state(std::span<const uint8_t> bytes, const DecodeLi
   out.tokens = m.tokens();
   check_counter(out.step, "step");
   const uint32_t n = limits.layout->num_fragments();
-  if (!m.fragments() || m.fragments()->size() != n)
+  // Every fragment the learner takes part in (all of them, or RuntimeOptions::fragments): which
+  // ones the learner that loads it checks.
+  if (!m.fragments() || m.fragments()->size() == 0 || m.fragments()->size() > n)
     reject(RejectReason::TensorCountMismatch,
            detail::concat("a saved learner state of ", m.fragments() ? m.fragments()->size() : 0,
                           " fragments, the layout has ", n));

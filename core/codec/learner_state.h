@@ -37,7 +37,8 @@ struct SavedLearner {
 
 std::vector<uint8_t> encode_learner_state(const SavedLearner& state);
 // Checks the run id and fingerprint against `limits` (whose layout gives every shape), one entry
-// per fragment of the layout, finite values. Throws Rejection.
+// per fragment saved (at least one, each a fragment of the layout, once), finite values. Throws
+// Rejection.
 SavedLearner decode_learner_state(std::span<const uint8_t> bytes, const DecodeLimits& limits);
 
 }  // namespace diloco

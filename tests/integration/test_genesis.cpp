@@ -9,8 +9,11 @@
 #include <atomic>
 #include <cstring>
 #include <exception>
+#include <optional>
+#include <set>
 #include <thread>
 
+#include "core/codec/learner_state.h"
 #include "core/fragments/message_budget.h"
 #include "core/kafka/log_reader.h"
 #include "core/kafka/producer.h"
@@ -323,4 +326,77 @@ TEST_CASE("the audit flags a proposal no merger has decided on, and passes once 
   INFO(audit.report());
   CHECK(audit.ok());
   CHECK(audit.rejected.size() == 1);
+}
+
+TEST_CASE("a learner of some fragments proposes, trains and adopts those alone, without buffers for the others",
+          "[genesis][learner]") {
+  GenesisRun r("genesis-some", {"diloco.H=8", "merger.quorum=1"});
+  const FragmentLayout& layout = *r.layout;
+  REQUIRE(layout.num_fragments() == 4);
+  testing::HostModel model(r.config, 9);
+  // Fragment 2's tensors only: the others get no buffer.
+  auto registered = model.registered();
+  std::set<uint32_t> mine;
+  for (const auto& piece : layout.pieces[2]) mine.insert(piece.tensor);
+  for (uint32_t t = 0; t < registered.size(); ++t)
+    if (!mine.count(t)) registered[t].host = nullptr;
+  RuntimeOptions options = testing::runtime_options(r.kafka, r.config, "A");
+
+  SECTION("a fragment not in the layout, twice, or without its buffer is refused before any I/O") {
+    options.fragments = {4};
+    CHECK_THROWS_WITH(LearnerRuntime(options, registered), Contains("fragment 4 is not in the layout"));
+    options.fragments = {2, 2};
+    CHECK_THROWS_WITH(LearnerRuntime(options, registered), Contains("fragment 2 is listed twice"));
+    options.fragments = {1, 2};
+    CHECK_THROWS_WITH(LearnerRuntime(options, registered), Contains("has no host buffer"));
+    options.fragments = {};
+    CHECK_THROWS_WITH(LearnerRuntime(options, registered), Contains("has no host buffer"));
+    // Its saved state (no I/O: standalone) loads into a learner of the same fragments only.
+    options.mode = LearnerMode::Standalone;
+    options.fragments = {2};
+    LearnerRuntime some(options, registered);
+    REQUIRE(some.start());
+    const auto bytes = some.save_state();
+    LearnerRuntime same(options, registered);
+    REQUIRE(same.start());
+    CHECK_NOTHROW(same.load_state(bytes));
+    options.fragments = {};
+    LearnerRuntime all(options, model.registered());
+    REQUIRE(all.start());
+    CHECK_THROWS_WITH(all.load_state(bytes), Contains("the saved state holds fragments 2, this learner takes part in 0,1,2,3"));
+    CHECK_THROWS_WITH(some.load_state(all.save_state()), Contains("holds fragments 0,1,2,3, this learner takes part in 2"));
+  }
+  SECTION("through a real merger") {
+    auto merger = r.merger("M0");
+    INFO(merger->log());
+    options.fragments = {2};
+    LearnerRuntime learner(options, registered);
+    REQUIRE(learner.start());
+    // Version 0 of fragment 2 alone, from this learner's values.
+    auto states = r.states();
+    REQUIRE(states.size() == 1);
+    REQUIRE(states.count(2) == 1);
+    CHECK(states.at(2).checksum == checksum_fp32(model.fragment(layout, 2)));
+    train(learner, model, 16, 1e-4f);  // two cuts of fragment 2 (the second may be on version 0 still)
+    REQUIRE(testing::eventually([&] { learner.poll(); return learner.versions()[2] >= 1; }, 60s));
+    CHECK(learner.versions()[0] == 0);
+    CHECK(learner.versions()[1] == 0);
+    CHECK(learner.versions()[3] == 0);
+    // It tracks the merge log's version of fragment 2 (its saved state: the anchor it cuts from),
+    // and its deltas and the records are of fragment 2 alone.
+    const auto records = r.records();
+    std::optional<uint64_t> checksum;
+    for (const auto& rec : records) {
+      CHECK(rec.fragment == 2);
+      if (rec.version == learner.versions()[2]) checksum = rec.checksum;
+    }
+    REQUIRE(checksum.has_value());
+    const SavedLearner saved = decode_learner_state(learner.save_state(), run_decode_limits(r.config, layout));
+    REQUIRE(saved.fragments.size() == 1);
+    CHECK(saved.fragments[0].fragment == 2);
+    CHECK(saved.fragments[0].version == learner.versions()[2]);
+    CHECK(checksum_fp32(saved.fragments[0].anchor) == *checksum);
+    learner.close();
+    r.stop(*merger);
+  }
 }

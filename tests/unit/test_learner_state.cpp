@@ -110,8 +110,12 @@ TEST_CASE("a saved state of another model, run or corrupt bytes is refused", "[c
     s.run_id = "run-2";
     CHECK_REJECTS(decode_learner_state(encode_learner_state(s), limits()), WrongRunId);
   }
-  SECTION("a fragment missing") {
+  SECTION("some fragments (a learner of some fragments), but not none") {
     s.fragments.pop_back();
+    const SavedLearner some = decode_learner_state(encode_learner_state(s), limits());
+    REQUIRE(some.fragments.size() == 1);
+    CHECK(some.fragments[0].fragment == s.fragments[0].fragment);
+    s.fragments.clear();
     CHECK_REJECTS(decode_learner_state(encode_learner_state(s), limits()), TensorCountMismatch);
   }
   SECTION("a fragment twice") {
