@@ -5,14 +5,14 @@
 # start and one that joins after the last merge (the late joiner). Every version a subscriber
 # reconstructs is checked against the merge log's checksum, and diloco-replay verifies every
 # version. Records per case: parameters merged per second per instance, the peak RSS of every
-# process (ps, every 0.5 s), bytes per parameter up (deltas) and down (what the first subscriber
+# process (ps, every 0.5 s; diloco-replay's audit and verify from getrusage), bytes per parameter up (deltas) and down (what the first subscriber
 # received over ZeroMQ, per version it holds), the late joiner's time to hold every fragment, and
 # where a merge's time goes (the merge events' timings). With --tensors, the newest version is
 # also rebuilt whole and fragment by fragment, and the two compared (rebuild_check).
 #
 #   bench/scale.sh [--width 1024] [--layers 8] [--fragments 8] [--learners 2] [--rounds 3]
 #                  [--pace 0] [--instances "1 2"] [--tensors SPEC] [--only LIST] [--checkpoint-every 1000]
-#                  [--bin-dir DIR] [--keep] [--keep-topics]
+#                  [--learner fake|runtime] [--bin-dir DIR] [--keep] [--keep-topics]
 #
 # The model is configs/tiny.toml widened (--width, --layers; heads 16): about 12 x width^2 x layers
 # parameters; or, with --tensors "embed=128256x4096,...", those tensors, a tensor larger than a
@@ -22,13 +22,17 @@
 # delta is on it (bench-produce_deltas --bases genesis), and the mergers run with merger.quorum 1, so a merge takes whatever is pending (with a quorum of K, a merge that
 # took more than K deltas could leave a last one waiting for good); --pace S (seconds between rounds) spreads the rounds so that
 # merges take about one round each; --checkpoint-every N is merger.checkpoint_every (each merger writes a
-# fragment's checkpoint every N versions). Needs a running broker (scripts/broker start) and the build (build/bin or --bin-dir).
+# fragment's checkpoint every N versions). --learner runtime replaces the fake learners and the
+# first subscriber with one process of the real learner runtime (bench-runtime_learner: --learners 1,
+# diloco.wait_steps 0 so that every delta is merged on the version of the one before): it proposes
+# version 0 itself, cuts with error feedback, and adopts every version, which is checked where it
+# lands (the fragment's values in its buffers against the merge log). Needs a running broker (scripts/broker start) and the build (build/bin or --bin-dir).
 # Kills every process it started on exit; deletes the topics of its runs unless --keep-topics.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BIN="${DILOCO_BIN_DIR:-$ROOT/build/bin}"
 BOOTSTRAP="${DILOCO_BOOTSTRAP:-127.0.0.1:19092}"
-width=1024 layers=8 fragments=8 learners=2 rounds=3 pace=0 instances="1 2" keep=0 keep_topics=0 tensors="" checkpoint_every=1000 only=""
+width=1024 layers=8 fragments=8 learners=2 rounds=3 pace=0 instances="1 2" keep=0 keep_topics=0 tensors="" checkpoint_every=1000 only="" learner=fake
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --width) width="$2"; shift 2 ;;
@@ -44,12 +48,18 @@ while [[ $# -gt 0 ]]; do
     --keep) keep=1; shift ;;
     --keep-topics) keep_topics=1; shift ;;
     --only) only="$2"; shift 2 ;;
+    --learner) learner="$2"; shift 2 ;;
     -h|--help) sed -n '2,26p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "scale.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
 done
 cd "$ROOT"
-for b in diloco-merger diloco-replay bench-produce_deltas bench-subscribe; do
+case "$learner" in
+  fake) ;;
+  runtime) ((learners == 1)) || { echo "scale.sh: --learner runtime runs one learner process: add --learners 1" >&2; exit 2; } ;;
+  *) echo "scale.sh: --learner $learner: fake or runtime" >&2; exit 2 ;;
+esac
+for b in diloco-merger diloco-replay bench-produce_deltas bench-subscribe bench-runtime_learner; do
   [[ -x "$BIN/$b" ]] || { echo "scale.sh: missing $BIN/$b: cmake --build build (or --bin-dir)" >&2; exit 1; }
 done
 OUT="$(mktemp -d /tmp/diloco-scale.XXXXXX)"
@@ -62,9 +72,19 @@ partitions=$(( fragments < 4 ? fragments : 4 ))
 sets=(--set model.width="$width" --set model.layers="$layers" --set model.heads=16 --set diloco.fragments="$fragments"
       --set merger.quorum=1 --set merger.checkpoint_every="$checkpoint_every" --set train.eval_every=0
       --set diloco.H="$(( (40 + fragments - 1) / fragments * fragments ))")  # tiny's 40, or the next multiple of P
+[[ "$learner" != runtime ]] || sets+=(--set diloco.wait_steps=0)
 echo "# scale: $(date -u) | nproc $(nproc) | $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ //') | $(free -g | awk '/Mem:/ {print $2}') GiB"
-echo "# ${tensors:+tensors $tensors, }${only:+only fragments $only, }width $width, layers $layers, $fragments fragments, $learners fake learners, $rounds rounds; load $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "# ${tensors:+tensors $tensors, }${only:+only fragments $only, }width $width, layers $layers, $fragments fragments, $learners $learner learner(s), $rounds rounds; load $(cut -d' ' -f1-3 /proc/loadavg)"
 
+# Runs a command and appends "NAME <peak RSS KiB of it and its children>" to FILE (the sampler is
+# stopped by then); returns the command's status.
+with_peak() {  # file name command...
+  local file="$1" name="$2"; shift 2
+  python3 -c 'import resource, subprocess, sys
+rc = subprocess.call(sys.argv[3:])
+with open(sys.argv[1], "a") as f: f.write(f"{sys.argv[2]} {resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss}\n")
+sys.exit(rc)' "$file" "$name" "$@"
+}
 merged_inputs() { { cat "$1"/M*/metrics.jsonl 2>/dev/null || true; } | jq -s '[.[] | select(.event == "merge") | .inputs | length] | add // 0'; }
 
 # With --tensors: diloco-replay rebuilds the newest version whole and each fragment alone; every
@@ -123,7 +143,7 @@ scale_case() {  # instances
         name="$(basename "${args%% *}")"
         case "$args" in *"--id M"*) name="merger-${args##*--id }"; name="${name%% *}" ;; esac
         case "$args" in *subscribe*"late"*) name="subscriber-late" ;; *subscribe*) name="subscriber" ;; esac
-        case "$args" in *produce_deltas*--genesis*) name="genesis-proposer" ;; esac
+        case "$args" in *produce_deltas*--genesis*) name="genesis-proposer" ;; *runtime_learner*) name="learner-runtime" ;; esac
         [[ "$args" == *"$run"* || "$name" == java ]] || continue
         (( rss > ${peak[$name]:-0} )) && peak[$name]=$rss
       done < <(ps -eo rss=,args= | grep -E "diloco-merger|bench-|java.*kafka" | grep -v grep || true)
@@ -138,17 +158,27 @@ scale_case() {  # instances
       >"$dir/M$i.log" 2>&1 &
     mergers+=($!); PIDS+=($!)
   done
-  "$BIN/bench-subscribe" -c "$config" "${rs[@]}" "${model[@]}" --bootstrap "$BOOTSTRAP" --summary "$dir/subscriber.json" \
-    2>"$dir/subscriber.log" &
-  local sub=$!; PIDS+=("$sub")
-  # Version 0 first, as a learner would propose it, committed by the running mergers (they reject
-  # deltas of a fragment without one); the produce-to-last-merge time starts after it, as before.
-  "$BIN/bench-produce_deltas" -c "$config" "${rs[@]}" "${model[@]}" --genesis --rounds 0 --region r0 --bootstrap "$BOOTSTRAP" \
-    2>"$dir/genesis.log" || { echo "scale.sh: version 0 was not committed:" >&2; tail -n 20 "$dir/genesis.log" >&2; return 1; }
-  local t0; t0=$(date +%s.%N)
-  "$BIN/bench-produce_deltas" -c "$config" "${rs[@]}" "${model[@]}" --learners "$learners" --rounds "$rounds" --pace "$pace" --region r0 \
-    --bootstrap "$BOOTSTRAP" --summary "$dir/produced.json" 2>"$dir/producer.log" ||
-    { echo "scale.sh: bench-produce_deltas failed:" >&2; tail -n 20 "$dir/producer.log" >&2; return 1; }
+  local sub="" t0
+  if [[ "$learner" == runtime ]]; then
+    # The learner runtime proposes version 0, trains, and adopts every version (it is the first
+    # subscriber); it returns once it holds a version per delta it cut.
+    t0=$(date +%s.%N)
+    "$BIN/bench-runtime_learner" -c "$config" "${rs[@]}" "${model[@]}" --rounds "$rounds" --region r0 \
+      --bootstrap "$BOOTSTRAP" --run-dir "$dir/learner" --summary "$dir/produced.json" 2>"$dir/learner.log" ||
+      { echo "scale.sh: bench-runtime_learner failed:" >&2; tail -n 20 "$dir/learner.log" >&2; return 1; }
+  else
+    "$BIN/bench-subscribe" -c "$config" "${rs[@]}" "${model[@]}" --bootstrap "$BOOTSTRAP" --summary "$dir/subscriber.json" \
+      2>"$dir/subscriber.log" &
+    sub=$!; PIDS+=("$sub")
+    # Version 0 first, as a learner would propose it, committed by the running mergers (they reject
+    # deltas of a fragment without one); the produce-to-last-merge time starts after it, as before.
+    "$BIN/bench-produce_deltas" -c "$config" "${rs[@]}" "${model[@]}" --genesis --rounds 0 --region r0 --bootstrap "$BOOTSTRAP" \
+      2>"$dir/genesis.log" || { echo "scale.sh: version 0 was not committed:" >&2; tail -n 20 "$dir/genesis.log" >&2; return 1; }
+    t0=$(date +%s.%N)
+    "$BIN/bench-produce_deltas" -c "$config" "${rs[@]}" "${model[@]}" --learners "$learners" --rounds "$rounds" --pace "$pace" --region r0 \
+      --bootstrap "$BOOTSTRAP" --summary "$dir/produced.json" 2>"$dir/producer.log" ||
+      { echo "scale.sh: bench-produce_deltas failed:" >&2; tail -n 20 "$dir/producer.log" >&2; return 1; }
+  fi
   local total; total="$(jq .deltas "$dir/produced.json")"
   local last=-1 still=0 got
   while true; do
@@ -163,7 +193,7 @@ scale_case() {  # instances
   # The first subscriber takes the last versions, then stops before the late joiner starts, so
   # that the two do not hold the model at once.
   sleep 3
-  stop_pid "$sub" || true
+  [[ -z "$sub" ]] || stop_pid "$sub" || true
   # The late joiner: starts after the last merge and must get a snapshot of every fragment.
   "$BIN/bench-subscribe" -c "$config" "${rs[@]}" "${model[@]}" --bootstrap "$BOOTSTRAP" --summary "$dir/subscriber-late.json" \
     2>"$dir/subscriber-late.log" & 
@@ -174,9 +204,11 @@ scale_case() {  # instances
   for p in "${mergers[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
   for p in "${mergers[@]}"; do stop_pid "$p"; done
   kill "$sampler" 2>/dev/null || true; forget "$sampler"
-  "$BIN/diloco-replay" -c "$config" "${rs[@]}" --bootstrap "$BOOTSTRAP" --run "$run" audit --json > "$dir/audit.json" || rc=1
+  with_peak "$dir/peaks" replay-audit "$BIN/diloco-replay" -c "$config" "${rs[@]}" --bootstrap "$BOOTSTRAP" --run "$run" \
+    audit --json > "$dir/audit.json" || rc=1
   local verified=PASS
-  "$BIN/diloco-replay" -c "$config" "${rs[@]}" --bootstrap "$BOOTSTRAP" --run "$run" verify > "$dir/verify.log" 2>&1 || verified=FAIL
+  with_peak "$dir/peaks" replay-verify "$BIN/diloco-replay" -c "$config" "${rs[@]}" --bootstrap "$BOOTSTRAP" --run "$run" \
+    verify > "$dir/verify.log" 2>&1 || verified=FAIL
   [[ -z "$tensors" || -n "$only" ]] || rebuild_check "$dir" "${rs[@]}" || rc=1
   python3 - "$dir" "$n" "$t0" "$t1" "$verified ($(grep -m1 '^verified' "$dir/verify.log" || tail -1 "$dir/verify.log"))" <<'PY' || rc=1
 import glob, json, os, sys
@@ -192,7 +224,15 @@ ok = audit["ok"] and verify.startswith("PASS")
 print(f"\n{n} merger instance(s): {params / 1e6:.1f}M parameters in {len(frag)} fragments; "
       f"{produced['deltas']} deltas produced, {audit['merged']} merged, {audit['merge_records']} merge records; "
       f"audit {'PASS' if audit['ok'] else 'FAIL'}; verify: {verify}")
-for name in ("subscriber", "subscriber-late"):
+runtime = "learner" in produced
+if runtime:  # the learner runtime held every version it adopted: [version, checksum in its buffers]
+    wrong = [(int(p), v[0]) for p, vs in produced["versions"].items() for v in vs if truth.get((int(p), v[0])) != v[1]]
+    adopted = sum(len(vs) for vs in produced["versions"].values())
+    ok = ok and not wrong and produced["complete"] and adopted > 0
+    print(f"  learner runtime: {produced['deltas']} deltas cut, {adopted} versions adopted, {len(wrong)} not matching "
+          f"the merge log; peak RSS {produced['max_rss_kib'] // 1024} MiB ({produced['bytes_per_parameter']:.1f} bytes "
+          f"per parameter of its {produced['parameters'] / 1e6:.1f}M)")
+for name in ("subscriber-late",) if runtime else ("subscriber", "subscriber-late"):
     s = json.load(open(f"{d}/{name}.json"))
     held = [(int(p), v[0], v[1]) for p, vs in s["versions"].items() for v in vs]
     wrong = [h for h in held if truth.get((h[0], h[1])) != h[2] and h[1] != 0]
