@@ -9,6 +9,8 @@
 #include <atomic>
 #include <cstring>
 #include <exception>
+#include <fstream>
+#include <iterator>
 #include <optional>
 #include <set>
 #include <thread>
@@ -398,5 +400,13 @@ TEST_CASE("a learner of some fragments proposes, trains and adopts those alone, 
     CHECK(checksum_fp32(saved.fragments[0].anchor) == *checksum);
     learner.close();
     r.stop(*merger);
+    // verify rebuilds fragment 2 and names the others as without a version 0.
+    testing::require_verify_pass(r.kafka, r.dir, r.sets);
+    std::ifstream log(r.dir + "/verify.log");
+    const std::string verify((std::istreambuf_iterator<char>(log)), std::istreambuf_iterator<char>());
+    CHECK_THAT(verify, Contains("verify: fragment 2: ok from"));
+    for (uint32_t p : {0u, 1u, 3u})
+      CHECK_THAT(verify, Contains("verify: fragment " + std::to_string(p) + ": no version 0 yet, nothing to verify"));
+    CHECK_THAT(verify, Contains("verified 1 fragments"));
   }
 }

@@ -124,14 +124,15 @@ void verify_genesis(const ReplayRun& run, const FragmentLog& f, FragmentCheck& c
                  std::to_string(f.genesis->record.checksum));
 }
 
-// Replays `f` from its start, which it moves out (one copy of the fragment's state in memory).
-void verify_fragment(const ReplayRun& run, FragmentLog& f, VerifyReport& report, std::ostream& progress) {
-  const uint32_t fragment = f.start.fragment;
+// Replays fragment `fragment`'s history `f` from its start, which it moves out (one copy of the
+// fragment's state in memory). Returns false when the fragment has no version 0 yet.
+bool verify_fragment(const ReplayRun& run, uint32_t fragment, FragmentLog& f, VerifyReport& report,
+                     std::ostream& progress) {
   const std::string from = start_text(f);
   FragmentCheck check(f, fragment, report, progress);
   if (f.start.run_id.empty()) {
     progress << "verify: fragment " << fragment << ": no version 0 yet, nothing to verify\n";
-    return;
+    return false;
   }
   verify_genesis(run, f, check);
   FragmentState state = std::move(f.start);
@@ -141,7 +142,7 @@ void verify_fragment(const ReplayRun& run, FragmentLog& f, VerifyReport& report,
                    [&](const FragmentState& s, const LoggedMerge& m) { check.applied(s, m); });
   } catch (const InvalidInput& e) {
     check.fail(e.what());
-    return;
+    return true;
   }
   for (const auto& c : f.checkpoints)
     if (c.version > state.version)
@@ -149,6 +150,7 @@ void verify_fragment(const ReplayRun& run, FragmentLog& f, VerifyReport& report,
                  " but the merge log rebuilds only up to version " + std::to_string(state.version));
   progress << "verify: fragment " << fragment << ": " << (check.failed() ? "MISMATCH" : "ok") << " from " << from
            << " to version " << state.version << "\n";
+  return true;
 }
 
 }  // namespace
@@ -260,8 +262,7 @@ VerifyReport verify(const ReplayRun& run, std::ostream& progress) {
     for (auto& [p, f] : logs) {
       progress << "verify: fragment " << p << ": " << f.merges.size() << " merge records after " << start_text(f)
                << ", " << f.checkpoints.size() << " checkpoints\n";
-      verify_fragment(run, f, report, progress);
-      ++report.fragments;
+      if (verify_fragment(run, p, f, report, progress)) ++report.fragments;
     }
   }
   return report;

@@ -149,7 +149,7 @@ void rebuild(const ReplayRun& run, const RebuildOptions& options, std::ostream& 
 std::vector<FragmentState> rebuild_states(const ReplayRun& run, uint64_t version);
 
 struct VerifyReport {
-  size_t fragments = 0;
+  size_t fragments = 0;    // with a version 0 (those without one have nothing to verify)
   size_t versions = 0;     // merge records applied and checked
   size_t checkpoints = 0;  // checkpoints compared with the rebuilt state
   std::vector<std::string> mismatches;  // the first of each fragment, naming its position
