@@ -33,7 +33,7 @@ void FragmentTrack::count_step(uint64_t tokens) {
   tokens_ += tokens;
 }
 
-CutDelta FragmentTrack::cut(const std::vector<std::vector<float>>& current, DType dtype, uint32_t block_size,
+CutDelta FragmentTrack::cut(std::vector<std::vector<float>> current, DType dtype, uint32_t block_size,
                            uint32_t topk) {
   if (current.size() != anchor_.size())
     throw InvalidInput(detail::concat("delta: ", current.size(), " tensors, the anchor has ", anchor_.size()));
@@ -51,7 +51,7 @@ CutDelta FragmentTrack::cut(const std::vector<std::vector<float>>& current, DTyp
     out.tensors.push_back(last_cut_[t].push(t, anchor_[t].shape, delta, dtype, block_size, topk));
   }
   sent_on_base_ = true;
-  cut_point_ = current;
+  cut_point_ = std::move(current);  // kept, not copied: one fragment's values fewer at a cut
   steps_at_cut_ = steps_;
   tokens_at_cut_ = tokens_;
   return out;
@@ -79,18 +79,24 @@ void FragmentTrack::start_base(uint64_t version, uint64_t checksum, std::vector<
 }
 
 std::vector<DenseTensor> FragmentTrack::rebase(uint64_t version, uint64_t checksum, std::vector<DenseTensor> received,
-                                               const std::vector<DenseTensor>& local) {
+                                               std::vector<DenseTensor> local) {
   check_received(received, "rebase");
   if (local.size() != received.size())
     throw InvalidInput(detail::concat("rebase: ", local.size(), " local tensors, ", received.size(), " received"));
-  std::vector<DenseTensor> model = received;
+  for (size_t t = 0; t < local.size(); ++t) {
+    const std::vector<float>& from = sent_on_base_ ? cut_point_.at(t) : anchor_[t].values;
+    const auto& r = received[t].values;
+    if (local[t].values.size() != r.size() || from.size() != r.size())
+      throw InvalidInput(detail::concat("rebase: tensor ", t, " has ", local[t].values.size(), " local values and ",
+                                        r.size(), " received"));
+  }
+  // Written over `local` (no third copy of the fragment): received + (local - from), the same bits.
+  std::vector<DenseTensor> model = std::move(local);
   for (size_t t = 0; t < model.size(); ++t) {
     const std::vector<float>& from = sent_on_base_ ? cut_point_.at(t) : anchor_[t].values;
+    const auto& r = received[t].values;
     auto& v = model[t].values;
-    if (local[t].values.size() != v.size() || from.size() != v.size())
-      throw InvalidInput(detail::concat("rebase: tensor ", t, " has ", local[t].values.size(), " local values and ",
-                                        v.size(), " received"));
-    for (size_t i = 0; i < v.size(); ++i) v[i] += local[t].values[i] - from[i];
+    for (size_t i = 0; i < v.size(); ++i) v[i] = r[i] + (v[i] - from[i]);
   }
   if (sent_on_base_) {
     steps_ -= steps_at_cut_;

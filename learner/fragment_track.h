@@ -62,7 +62,7 @@ class FragmentTrack {
   // per block when topk > 0); `current` holds the fragment's parameters now, one flat vector per
   // tensor in layout order. Marks the base as carrying this learner's progress. Throws
   // InvalidInput on a tensor count or size mismatch.
-  CutDelta cut(const std::vector<std::vector<float>>& current, DType dtype, uint32_t block_size, uint32_t topk = 0);
+  CutDelta cut(std::vector<std::vector<float>> current, DType dtype, uint32_t block_size, uint32_t topk = 0);
 
   // Adopts a newer version: it becomes the anchor and base, the counters restart at 0 and a wait
   // for a version above the last cut's base ends. Returns what the model's fragment must hold:
@@ -78,7 +78,7 @@ class FragmentTrack {
   // Otherwise as adopt(). With local equal to the last cut (a synchronous learner that waited
   // right after cutting) it is exactly an overwrite.
   std::vector<DenseTensor> rebase(uint64_t version, uint64_t checksum, std::vector<DenseTensor> received,
-                                  const std::vector<DenseTensor>& local);
+                                  std::vector<DenseTensor> local);
 
   // Cut before an overwrite (diloco.cut_on_arrival): true when a version above the base arrives,
   // no delta was sent on the base since it was adopted (so the arriving version cannot contain

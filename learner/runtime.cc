@@ -458,7 +458,7 @@ void LearnerRuntime::Impl::adopt_received(float loss) {
     const bool rebase = d.adopt == "rebase";
     const bool needs_local = (alpha > 0 || rebase) && o.mode != LearnerMode::EvalOnly;
     auto local = needs_local ? read_tensors(p) : std::vector<DenseTensor>{};
-    write_tensors(p, needs_local && rebase ? f.rebase(params.version, params.checksum, params.tensors, local)
+    write_tensors(p, needs_local && rebase ? f.rebase(params.version, params.checksum, params.tensors, std::move(local))
                                            : f.adopt(params.version, params.checksum, params.tensors,
                                                      needs_local ? alpha : 0, local));
     ++adopted;
@@ -930,8 +930,7 @@ void LearnerRuntime::load_state(std::span<const uint8_t> bytes) {
     // The run moved on while this learner was away: rebase its saved progress onto the version it
     // joined at, as an adoption would.
     if (current.version() > f.version) {
-      const auto local = s.read_tensors(p);
-      s.write_tensors(p, s.fragments[p].rebase(current.version(), current.checksum(), current.anchor(), local));
+      s.write_tensors(p, s.fragments[p].rebase(current.version(), current.checksum(), current.anchor(), s.read_tensors(p)));
     }
   }
   s.step = saved.step;
