@@ -24,8 +24,17 @@ std::vector<DenseTensor> blend(const std::vector<DenseTensor>& local, const std:
 }
 
 FragmentTrack::FragmentTrack(std::vector<DenseTensor> anchor, uint64_t version, uint64_t checksum)
+    : FragmentTrack(std::make_shared<const std::vector<DenseTensor>>(std::move(anchor)), version, checksum) {}
+
+FragmentTrack::FragmentTrack(Version anchor, uint64_t version, uint64_t checksum)
     : version_(version), checksum_(checksum), anchor_(std::move(anchor)) {
-  for (const auto& t : anchor_) carried_.emplace_back(static_cast<int64_t>(t.values.size()));
+  DILOCO_ENFORCE(anchor_ != nullptr, "FragmentTrack: a null anchor");
+  for (const auto& t : *anchor_) carried_.emplace_back(static_cast<int64_t>(t.values.size()));
+}
+
+const std::vector<DenseTensor>& FragmentTrack::anchor() const {
+  static const std::vector<DenseTensor> none;
+  return anchor_ ? *anchor_ : none;
 }
 
 void FragmentTrack::count_step(uint64_t tokens) {
@@ -35,20 +44,21 @@ void FragmentTrack::count_step(uint64_t tokens) {
 
 CutDelta FragmentTrack::cut(std::vector<std::vector<float>> current, DType dtype, uint32_t block_size,
                            uint32_t topk) {
-  if (current.size() != anchor_.size())
-    throw InvalidInput(detail::concat("delta: ", current.size(), " tensors, the anchor has ", anchor_.size()));
+  const std::vector<DenseTensor>& anchors = anchor();
+  if (current.size() != anchors.size())
+    throw InvalidInput(detail::concat("delta: ", current.size(), " tensors, the anchor has ", anchors.size()));
   CutDelta out{.base_version = version_, .inner_steps = steps_, .tokens = tokens_, .tensors = {}};
   out.tensors.reserve(current.size());
   last_cut_ = carried_;  // an earlier cut on this base is superseded: start from the carried residual
   std::vector<float> delta;
   for (uint32_t t = 0; t < current.size(); ++t) {
-    const auto& anchor = anchor_[t].values;
+    const auto& anchor = anchors[t].values;
     if (current[t].size() != anchor.size())
       throw InvalidInput(detail::concat("delta: tensor ", t, " has ", current[t].size(), " values, the anchor ",
                                         anchor.size()));
     delta.resize(anchor.size());
     for (size_t i = 0; i < anchor.size(); ++i) delta[i] = anchor[i] - current[t][i];
-    out.tensors.push_back(last_cut_[t].push(t, anchor_[t].shape, delta, dtype, block_size, topk));
+    out.tensors.push_back(last_cut_[t].push(t, anchors[t].shape, delta, dtype, block_size, topk));
   }
   sent_on_base_ = true;
   cut_point_ = std::move(current);  // kept, not copied: one fragment's values fewer at a cut
@@ -58,13 +68,13 @@ CutDelta FragmentTrack::cut(std::vector<std::vector<float>> current, DType dtype
 }
 
 void FragmentTrack::check_received(const std::vector<DenseTensor>& received, const char* what) const {
-  if (received.size() != anchor_.size())
-    throw InvalidInput(detail::concat(what, ": ", received.size(), " tensors, the anchor has ", anchor_.size()));
+  if (received.size() != anchor().size())
+    throw InvalidInput(detail::concat(what, ": ", received.size(), " tensors, the anchor has ", anchor().size()));
 }
 
 // The bookkeeping every adoption shares: the residual carried into the new base, the new anchor
 // and base, and the end of a wait for it. Counters are the caller's.
-void FragmentTrack::start_base(uint64_t version, uint64_t checksum, std::vector<DenseTensor> received) {
+void FragmentTrack::start_base(uint64_t version, uint64_t checksum, Version received) {
   if (sent_on_base_) carried_ = std::move(last_cut_);
   last_cut_.clear();
   // The new base has no cut yet (a saved track checks its counters against these).
@@ -80,11 +90,19 @@ void FragmentTrack::start_base(uint64_t version, uint64_t checksum, std::vector<
 
 std::vector<DenseTensor> FragmentTrack::rebase(uint64_t version, uint64_t checksum, std::vector<DenseTensor> received,
                                                std::vector<DenseTensor> local) {
+  return rebase(version, checksum, std::make_shared<const std::vector<DenseTensor>>(std::move(received)),
+                std::move(local));
+}
+
+std::vector<DenseTensor> FragmentTrack::rebase(uint64_t version, uint64_t checksum, Version received_version,
+                                               std::vector<DenseTensor> local) {
+  DILOCO_ENFORCE(received_version != nullptr, "rebase: no version");
+  const std::vector<DenseTensor>& received = *received_version;
   check_received(received, "rebase");
   if (local.size() != received.size())
     throw InvalidInput(detail::concat("rebase: ", local.size(), " local tensors, ", received.size(), " received"));
   for (size_t t = 0; t < local.size(); ++t) {
-    const std::vector<float>& from = sent_on_base_ ? cut_point_.at(t) : anchor_[t].values;
+    const std::vector<float>& from = sent_on_base_ ? cut_point_.at(t) : anchor()[t].values;
     const auto& r = received[t].values;
     if (local[t].values.size() != r.size() || from.size() != r.size())
       throw InvalidInput(detail::concat("rebase: tensor ", t, " has ", local[t].values.size(), " local values and ",
@@ -93,7 +111,7 @@ std::vector<DenseTensor> FragmentTrack::rebase(uint64_t version, uint64_t checks
   // Written over `local` (no third copy of the fragment): received + (local - from), the same bits.
   std::vector<DenseTensor> model = std::move(local);
   for (size_t t = 0; t < model.size(); ++t) {
-    const std::vector<float>& from = sent_on_base_ ? cut_point_.at(t) : anchor_[t].values;
+    const std::vector<float>& from = sent_on_base_ ? cut_point_.at(t) : anchor()[t].values;
     const auto& r = received[t].values;
     auto& v = model[t].values;
     for (size_t i = 0; i < v.size(); ++i) v[i] = r[i] + (v[i] - from[i]);
@@ -102,15 +120,22 @@ std::vector<DenseTensor> FragmentTrack::rebase(uint64_t version, uint64_t checks
     steps_ -= steps_at_cut_;
     tokens_ -= tokens_at_cut_;
   }
-  start_base(version, checksum, std::move(received));
+  start_base(version, checksum, std::move(received_version));
   return model;
 }
 
 std::vector<DenseTensor> FragmentTrack::adopt(uint64_t version, uint64_t checksum, std::vector<DenseTensor> received,
                                               double alpha, const std::vector<DenseTensor>& local) {
+  return adopt(version, checksum, std::make_shared<const std::vector<DenseTensor>>(std::move(received)), alpha, local);
+}
+
+std::vector<DenseTensor> FragmentTrack::adopt(uint64_t version, uint64_t checksum, Version received_version,
+                                              double alpha, const std::vector<DenseTensor>& local) {
+  DILOCO_ENFORCE(received_version != nullptr, "adopt: no version");
+  const std::vector<DenseTensor>& received = *received_version;
   check_received(received, "adopt");
   std::vector<DenseTensor> model = alpha > 0 ? blend(local, received, alpha) : received;
-  start_base(version, checksum, std::move(received));
+  start_base(version, checksum, std::move(received_version));
   steps_ = 0;
   tokens_ = 0;
   return model;
@@ -148,7 +173,7 @@ FragmentTrack::Saved FragmentTrack::save() const {
     for (const auto& f : list) out.emplace_back(f.residual().begin(), f.residual().end());
     return out;
   };
-  return Saved{.version = version_, .checksum = checksum_, .anchor = anchor_, .carried = residuals(carried_),
+  return Saved{.version = version_, .checksum = checksum_, .anchor = anchor(), .carried = residuals(carried_),
                .last_cut = residuals(last_cut_), .sent_on_base = sent_on_base_, .steps = steps_, .tokens = tokens_,
                .cut_point = cut_point_, .steps_at_cut = steps_at_cut_, .tokens_at_cut = tokens_at_cut_};
 }

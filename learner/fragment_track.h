@@ -13,6 +13,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <vector>
 
@@ -51,9 +52,14 @@ class FragmentTrack {
     uint64_t tokens_at_cut = 0;
   };
 
+  // A version's parameters, shared with whoever else holds them (the parameter inbox, which
+  // applies the next update to them): the anchor is never written, only replaced.
+  using Version = std::shared_ptr<const std::vector<DenseTensor>>;
+
   FragmentTrack() = default;
   // Starts on `version` whose parameters are `anchor`, with zero residual and counters.
   FragmentTrack(std::vector<DenseTensor> anchor, uint64_t version, uint64_t checksum = 0);
+  FragmentTrack(Version anchor, uint64_t version, uint64_t checksum = 0);
 
   // One inner step done (every fragment trains at every step).
   void count_step(uint64_t tokens);
@@ -69,6 +75,8 @@ class FragmentTrack {
   // `received` itself when alpha is 0 (overwrite), else blend(local, received, alpha).
   std::vector<DenseTensor> adopt(uint64_t version, uint64_t checksum, std::vector<DenseTensor> received,
                                  double alpha = 0, const std::vector<DenseTensor>& local = {});
+  std::vector<DenseTensor> adopt(uint64_t version, uint64_t checksum, Version received, double alpha = 0,
+                                 const std::vector<DenseTensor>& local = {});
 
   // Adoption that keeps this learner's unsent progress (diloco.adopt = "rebase"): the model's
   // fragment becomes received + (local - from), where `from` is the parameters at the last cut on
@@ -78,6 +86,8 @@ class FragmentTrack {
   // Otherwise as adopt(). With local equal to the last cut (a synchronous learner that waited
   // right after cutting) it is exactly an overwrite.
   std::vector<DenseTensor> rebase(uint64_t version, uint64_t checksum, std::vector<DenseTensor> received,
+                                  std::vector<DenseTensor> local);
+  std::vector<DenseTensor> rebase(uint64_t version, uint64_t checksum, Version received,
                                   std::vector<DenseTensor> local);
 
   // Cut before an overwrite (diloco.cut_on_arrival): true when a version above the base arrives,
@@ -96,7 +106,7 @@ class FragmentTrack {
 
   uint64_t version() const { return version_; }
   uint64_t checksum() const { return checksum_; }
-  const std::vector<DenseTensor>& anchor() const { return anchor_; }
+  const std::vector<DenseTensor>& anchor() const;
   uint32_t steps() const { return steps_; }
   uint64_t tokens() const { return tokens_; }
   bool sent_on_base() const { return sent_on_base_; }
@@ -115,7 +125,7 @@ class FragmentTrack {
 
   uint64_t version_ = 0;
   uint64_t checksum_ = 0;
-  std::vector<DenseTensor> anchor_;
+  Version anchor_;  // null until a version is held
   std::vector<ErrorFeedback> carried_;  // residual carried into the current base
   std::vector<ErrorFeedback> last_cut_; // residual after the latest cut on the current base
   bool sent_on_base_ = false;
@@ -127,7 +137,7 @@ class FragmentTrack {
   std::optional<Wait> awaiting_;
 
   void check_received(const std::vector<DenseTensor>& received, const char* what) const;
-  void start_base(uint64_t version, uint64_t checksum, std::vector<DenseTensor> received);
+  void start_base(uint64_t version, uint64_t checksum, Version received);
 };
 
 }  // namespace diloco

@@ -108,8 +108,8 @@ void ParamInbox::run() {
   // object is handed out by take(), never changed (an update makes the next one).
   std::map<uint32_t, std::shared_ptr<const FragmentParams>> held;
   for (auto& params : options_.held) {
-    const uint32_t p = params.fragment;
-    held[p] = std::make_shared<const FragmentParams>(std::move(params));
+    DILOCO_ENFORCE(params != nullptr, "ParamInboxOptions::held: a null version");
+    held[params->fragment] = std::move(params);
   }
   options_.held.clear();
   // Snapshots above codec.segment_bytes arrive as segments, decoded into place one at a time.

@@ -53,8 +53,8 @@ struct ParamInboxOptions {
   double members_lookback_s = 120;
   // The versions the learner starts from (read from the `state` topic, so bit for bit the
   // mergers'): updates on them apply at once, and no snapshot is asked for while the mergers
-  // announce nothing newer.
-  std::vector<FragmentParams> held;
+  // announce nothing newer. Shared, never written (the learner's anchors are the same objects).
+  std::vector<std::shared_ptr<const FragmentParams>> held;
   // Authenticated parameters (core/zmq/curve.h): subscribe as this CURVE client, so that only a
   // publisher holding the mergers' secret key is heard. None: in the clear.
   std::optional<CurveClientOptions> curve;

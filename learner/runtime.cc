@@ -176,7 +176,7 @@ struct LearnerRuntime::Impl {
   std::unique_ptr<DeltaPublisher> publisher;
   std::unique_ptr<ParamInbox> inbox;
   std::unique_ptr<RefusalWatch> refusals;  // Train mode: what the mergers dropped or refused of ours
-  std::vector<FragmentParams> held_at_start;
+  std::vector<std::shared_ptr<const FragmentParams>> held_at_start;
   int partitions = 1;
   const uint64_t incarnation = draw_incarnation();
   Clock::time_point start_time = Clock::now();
@@ -391,11 +391,13 @@ bool LearnerRuntime::Impl::join_run() {
       held_at_start.clear();
       for (auto& [p, state] : scan.latest) {
         if (!takes_part[p]) continue;
-        held_at_start.push_back(FragmentParams{.run_id = state.run_id, .fingerprint = state.fingerprint, .fragment = p,
-                                               .version = state.version, .checksum = state.checksum,
-                                               .tensors = state.params});
         write_tensors(p, state.params);
-        fragments[p] = FragmentTrack(std::move(state.params), state.version, state.checksum);
+        // One copy, shared by the inbox (the base of the next update) and the anchor.
+        auto held = std::make_shared<const FragmentParams>(
+            FragmentParams{.run_id = state.run_id, .fingerprint = state.fingerprint, .fragment = p,
+                           .version = state.version, .checksum = state.checksum, .tensors = std::move(state.params)});
+        fragments[p] = FragmentTrack(FragmentTrack::Version(held, &held->tensors), state.version, state.checksum);
+        held_at_start.push_back(std::move(held));
       }
       return true;
     }
@@ -458,8 +460,10 @@ void LearnerRuntime::Impl::adopt_received(float loss) {
     const bool rebase = d.adopt == "rebase";
     const bool needs_local = (alpha > 0 || rebase) && o.mode != LearnerMode::EvalOnly;
     auto local = needs_local ? read_tensors(p) : std::vector<DenseTensor>{};
-    write_tensors(p, needs_local && rebase ? f.rebase(params.version, params.checksum, params.tensors, std::move(local))
-                                           : f.adopt(params.version, params.checksum, params.tensors,
+    // The version itself becomes the anchor, shared with the inbox: no copy of it.
+    const FragmentTrack::Version received(taken, &taken->tensors);
+    write_tensors(p, needs_local && rebase ? f.rebase(params.version, params.checksum, received, std::move(local))
+                                           : f.adopt(params.version, params.checksum, received,
                                                      needs_local ? alpha : 0, local));
     ++adopted;
     metrics.add("versions_adopted_total", 1);

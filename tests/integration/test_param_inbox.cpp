@@ -287,7 +287,7 @@ TEST_CASE("an inbox that starts from the versions the learner read asks for noth
   Metrics metrics("test_");
   ParamInbox inbox({.kafka = kafka, .topics = topics,
                     .limits = {.run_id = run, .fingerprint = kLayout.fingerprint, .layout = &kLayout},
-                    .request_delay_s = 0.2, .request_interval_s = 0.5, .held = {v3}},
+                    .request_delay_s = 0.2, .request_interval_s = 0.5, .held = {std::make_shared<const FragmentParams>(v3)}},
                    metrics);
   REQUIRE(testing::eventually([&] { return !publisher.take_requests().joined.empty(); }, 30s));
   // The heartbeat names the held version: nothing to ask for.
