@@ -6,6 +6,7 @@
 //   --tensors "embed=128256x4096,final_norm=4096"
 #pragma once
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -48,7 +49,7 @@ inline FragmentLayout bench_layout(const RunConfig& config, const std::string& t
 }
 
 // The fragments a bench process takes part in: --only "0,3" (a model too large for the machine,
-// of which only these fragments travel), or every fragment of the layout when empty.
+// of which only these fragments travel), each once, or every fragment of the layout when empty.
 inline std::vector<uint32_t> bench_fragments(const FragmentLayout& layout, const std::string& only) {
   std::vector<uint32_t> out;
   if (only.empty()) {
@@ -63,7 +64,10 @@ inline std::vector<uint32_t> bench_fragments(const FragmentLayout& layout, const
         std::stoul(item) >= layout.num_fragments())
       throw InvalidInput("--only: '" + item + "' is not a fragment of the layout (0 to " +
                          std::to_string(layout.num_fragments() - 1) + ")");
-    out.push_back(static_cast<uint32_t>(std::stoul(item)));
+    const auto p = static_cast<uint32_t>(std::stoul(item));
+    if (std::find(out.begin(), out.end(), p) != out.end())
+      throw InvalidInput("--only: fragment " + item + " is listed twice");
+    out.push_back(p);
     start = end + 1;
   }
   return out;

@@ -44,3 +44,16 @@ TEST_CASE("a --tensors tensor larger than a fragment is cut into blocks of rows"
   CHECK(embed_rows == 12);
   CHECK(layout.fragments[0].front().name.starts_with("embed["));
 }
+
+TEST_CASE("--only lists fragments of the layout, each once; empty is every fragment", "[bench]") {
+  const FragmentLayout layout =
+      partition_tensors(std::vector<TensorSpec>{{"a", {8, 4}}, {"b", {8, 4}}, {"c", {8, 4}}, {"d", {8, 4}}}, 4);
+  REQUIRE(layout.num_fragments() == 4);
+  CHECK(bench::bench_fragments(layout, "") == std::vector<uint32_t>{0, 1, 2, 3});
+  CHECK(bench::bench_fragments(layout, "3,0") == std::vector<uint32_t>{3, 0});
+  for (const char* bad : {"4", "a", "0,", ",1", "-1", "1.0", "1234567890", "0,,1"}) {
+    INFO(bad);
+    CHECK_THROWS_WITH(bench::bench_fragments(layout, bad), Contains("is not a fragment of the layout (0 to 3)"));
+  }
+  CHECK_THROWS_WITH(bench::bench_fragments(layout, "1,2,1"), Contains("--only: fragment 1 is listed twice"));
+}
