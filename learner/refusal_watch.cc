@@ -68,6 +68,9 @@ void RefusalWatch::poll(int max_records) {
       if (m->topic == o_.topics.rejected()) {
         RejectedInput r = decode_rejected(m->value, o_.limits);
         if (r.sender != o_.learner_id) continue;
+        // A proposal of version 0 that another learner's beat (learners that start together):
+        // this learner trains on the winner's version 0, and no delta of it was refused.
+        if (r.source.topic == o_.topics.genesis() && r.reason == "genesis_exists") continue;
         report("refused", r.reason, r.detail,
                {{"rejected_by", r.rejected_by}, {"topic", r.source.topic}, {"partition", r.source.partition},
                 {"offset", r.source.offset}});

@@ -1,7 +1,8 @@
 // What the mergers did with this learner's deltas that it would not otherwise hear of: the deltas
 // a merge record lists as dropped (diloco.R.merges: superseded, too stale, invalid, pending at a
 // stop) and the inputs a merger rejected that name this learner as their sender
-// (diloco.R.rejected). A learner whose deltas are refused (its tokens above what it announced,
+// (diloco.R.rejected), but not its proposals of version 0 that another learner's beat
+// (genesis_exists). A learner whose deltas are refused (its tokens above what it announced,
 // a norm far above the others', a malformed message) learns why instead of training for nothing:
 // each refusal is counted (deltas_refused_total{reason}, deltas_dropped_total{reason}), written to
 // metrics.jsonl as a `refused` or `dropped` line, and printed: the first of each reason at once,

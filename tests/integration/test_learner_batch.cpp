@@ -7,12 +7,14 @@
 
 #include <csignal>
 #include <set>
+#include <thread>
 
 #include "core/fragments/message_budget.h"
 #include "core/kafka/log_reader.h"
 #include "core/kafka/producer.h"
 #include "core/kafka/run_log.h"
 #include "core/metrics/metrics.h"
+#include "core/process.h"
 #include "learner/refusal_watch.h"
 #include "tests/integration/child_process.h"
 #include "tests/integration/run_fixture.h"
@@ -154,4 +156,43 @@ TEST_CASE("learners of different batch sizes share a run, merged by their real t
   }
   // Replay rebuilds every version with the refusal in the log.
   testing::require_verify_pass(r.kafka, r.dir, r.sets);
+}
+
+TEST_CASE("a learner's proposal of version 0 that lost the race to another's is not reported as a refused delta",
+          "[learner][refusals]") {
+  testing::TinyRun r("refusal-genesis", {});
+  const auto layout = std::make_shared<const FragmentLayout>(builtin_layout(r.config));
+  Metrics metrics("test_");
+  std::vector<std::string> said;
+  RefusalWatch watch({.kafka = r.kafka, .topics = r.topics, .partitions = 2, .learner_id = "small",
+                      .limits = run_decode_limits(r.config, *layout),
+                      .say = [&](const std::string& text) { said.push_back(text); }},
+                     metrics);
+  // The watch reads from the topics' ends as it finds them: let it find them first.
+  const auto settle = std::chrono::steady_clock::now() + 3s;
+  while (std::chrono::steady_clock::now() < settle) {
+    watch.poll();
+    std::this_thread::sleep_for(50ms);
+  }
+  // What a merger writes when two learners propose together: the loser's proposals, then one of
+  // its deltas refused for a real reason.
+  Producer producer({.kafka = r.kafka}, nullptr);
+  auto reject = [&](const std::string& topic, int64_t offset, const std::string& reason) {
+    RejectedInput rejected{.run_id = r.run, .source = {topic, 0, offset}, .reason = reason, .detail = "test",
+                           .rejected_by = "M0", .time_us = unix_us(), .sender = "small"};
+    producer.produce({.topic = r.topics.rejected(), .partition = 0, .key = "", .value = encode_rejected(rejected)}, 0,
+                     10000);
+  };
+  reject(r.topics.genesis(), 2, "genesis_exists");
+  reject(r.topics.genesis(), 3, "genesis_exists");
+  reject(r.topics.deltas("r0"), 7, "invalid");
+  REQUIRE(producer.flush(20000) == 0);
+  REQUIRE(testing::eventually([&] {
+    watch.poll();
+    return watch.refused() > 0;
+  }, 30s));
+  watch.poll();
+  CHECK(watch.refused() == 1);
+  REQUIRE(said.size() == 1);
+  CHECK_THAT(said[0], Catch::StartsWith("a merger refused a delta of this learner: invalid: "));
 }
