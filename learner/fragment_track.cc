@@ -6,6 +6,46 @@
 #include "core/errors.h"
 
 namespace diloco {
+namespace {
+
+// One value of a blend (Streaming DiLoCo's mixing); blend() and adopt_into() share it.
+float blend_value(double alpha, float local, float received) {
+  return static_cast<float>(alpha * local + (1 - alpha) * received);
+}
+
+// A cut's arithmetic on one tensor, a range at a time: x = (anchor - values) + residual, quantized
+// with error feedback (dtype, block_size, topk). With `q` (sized by feedback_result) it is filled and
+// `residual` only read; without, `residual` is overwritten with what quantization held back, each
+// range quantized on its own (ranges start on whole blocks, so the bits are those of the whole).
+constexpr size_t kRangeValues = size_t{1} << 20;
+
+void quantize_progress(std::span<const float> anchor, std::span<const float> values, std::span<float> residual,
+                       DType dtype, uint32_t block_size, uint32_t topk, QuantizedTensor* q) {
+  const size_t n = anchor.size();
+  const size_t align = feedback_alignment(dtype, block_size);
+  const size_t range = std::max(align, kRangeValues / align * align);
+  std::vector<float> delta(std::min(range, n)), kept(q ? std::min(range, n) : 0), scratch;
+  for (size_t b = 0; b < n; b += range) {
+    const size_t len = std::min(range, n - b);
+    for (size_t i = 0; i < len; ++i) delta[i] = anchor[b + i] - values[b + i];
+    const std::span<const float> d(delta.data(), len);
+    if (q) {  // the carried residual stays as it is: a later cut on this base starts from it again
+      std::copy_n(residual.begin() + static_cast<std::ptrdiff_t>(b), len, kept.begin());
+      feedback_range(*q, d, std::span<float>(kept.data(), len), {}, b, b + len, scratch, topk);
+    } else {
+      QuantizedTensor part = feedback_result(0, {static_cast<int64_t>(len)}, dtype, block_size);
+      feedback_range(part, d, residual.subspan(b, len), {}, 0, len, scratch, topk);
+    }
+  }
+}
+
+FragmentTrack::Model spans_of(std::vector<DenseTensor>& tensors) {
+  FragmentTrack::Model out;
+  for (auto& t : tensors) out.emplace_back(t.values);
+  return out;
+}
+
+}  // namespace
 
 std::vector<DenseTensor> blend(const std::vector<DenseTensor>& local, const std::vector<DenseTensor>& received,
                                double alpha) {
@@ -17,8 +57,7 @@ std::vector<DenseTensor> blend(const std::vector<DenseTensor>& local, const std:
       throw InvalidInput(detail::concat("blend: tensor ", t, " has ", local[t].values.size(), " local values and ",
                                         received[t].values.size(), " received"));
     auto& v = out[t].values;
-    for (size_t i = 0; i < v.size(); ++i)
-      v[i] = static_cast<float>(alpha * local[t].values[i] + (1 - alpha) * received[t].values[i]);
+    for (size_t i = 0; i < v.size(); ++i) v[i] = blend_value(alpha, local[t].values[i], received[t].values[i]);
   }
   return out;
 }
@@ -29,7 +68,7 @@ FragmentTrack::FragmentTrack(std::vector<DenseTensor> anchor, uint64_t version, 
 FragmentTrack::FragmentTrack(Version anchor, uint64_t version, uint64_t checksum)
     : version_(version), checksum_(checksum), anchor_(std::move(anchor)) {
   DILOCO_ENFORCE(anchor_ != nullptr, "FragmentTrack: a null anchor");
-  for (const auto& t : *anchor_) carried_.emplace_back(static_cast<int64_t>(t.values.size()));
+  for (const auto& t : *anchor_) carried_.emplace_back(t.values.size(), 0.0f);
 }
 
 const std::vector<DenseTensor>& FragmentTrack::anchor() const {
@@ -47,36 +86,59 @@ CutDelta FragmentTrack::cut(std::vector<std::vector<float>> current, DType dtype
   const std::vector<DenseTensor>& anchors = anchor();
   if (current.size() != anchors.size())
     throw InvalidInput(detail::concat("delta: ", current.size(), " tensors, the anchor has ", anchors.size()));
+  for (uint32_t t = 0; t < current.size(); ++t)
+    if (current[t].size() != anchors[t].values.size())
+      throw InvalidInput(detail::concat("delta: tensor ", t, " has ", current[t].size(), " values, the anchor ",
+                                        anchors[t].values.size()));
+  const CutCodec codec{.dtype = dtype, .block_size = block_size, .topk = topk};
   CutDelta out{.base_version = version_, .inner_steps = steps_, .tokens = tokens_, .tensors = {}};
   out.tensors.reserve(current.size());
-  last_cut_ = carried_;  // an earlier cut on this base is superseded: start from the carried residual
-  std::vector<float> delta;
+  // An earlier cut on this base is superseded: start from the carried residual.
   for (uint32_t t = 0; t < current.size(); ++t) {
-    const auto& anchor = anchors[t].values;
-    if (current[t].size() != anchor.size())
-      throw InvalidInput(detail::concat("delta: tensor ", t, " has ", current[t].size(), " values, the anchor ",
-                                        anchor.size()));
-    delta.resize(anchor.size());
-    for (size_t i = 0; i < anchor.size(); ++i) delta[i] = anchor[i] - current[t][i];
-    out.tensors.push_back(last_cut_[t].push(t, anchors[t].shape, delta, dtype, block_size, topk));
+    QuantizedTensor q = feedback_result(t, anchors[t].shape, dtype, block_size);
+    quantize_progress(anchors[t].values, current[t], carried_[t], dtype, block_size, topk, &q);
+    out.tensors.push_back(std::move(q));
   }
   sent_on_base_ = true;
+  last_cut_.clear();
+  cut_codec_ = codec;
   cut_point_ = std::move(current);  // kept, not copied: one fragment's values fewer at a cut
   steps_at_cut_ = steps_;
   tokens_at_cut_ = tokens_;
   return out;
 }
 
-void FragmentTrack::check_received(const std::vector<DenseTensor>& received, const char* what) const {
-  if (received.size() != anchor().size())
-    throw InvalidInput(detail::concat(what, ": ", received.size(), " tensors, the anchor has ", anchor().size()));
+void FragmentTrack::residual_after_cut(std::vector<std::vector<float>>& residual) const {
+  DILOCO_ENFORCE(cut_codec_ && residual.size() == cut_point_.size(), "no cut to compute the residual of");
+  for (size_t t = 0; t < residual.size(); ++t)
+    quantize_progress(anchor()[t].values, cut_point_[t], residual[t], cut_codec_->dtype, cut_codec_->block_size,
+                      cut_codec_->topk, nullptr);
 }
 
-// The bookkeeping every adoption shares: the residual carried into the new base, the new anchor
-// and base, and the end of a wait for it. Counters are the caller's.
+void FragmentTrack::check_received(const std::vector<DenseTensor>& received, const Model& model,
+                                   const char* what) const {
+  if (received.size() != anchor().size())
+    throw InvalidInput(detail::concat(what, ": ", received.size(), " tensors, the anchor has ", anchor().size()));
+  if (model.size() != received.size())
+    throw InvalidInput(detail::concat(what, ": ", model.size(), " local tensors, ", received.size(), " received"));
+  for (size_t t = 0; t < model.size(); ++t)
+    if (model[t].size() != received[t].values.size() || received[t].values.size() != anchor()[t].values.size())
+      throw InvalidInput(detail::concat(what, ": tensor ", t, " has ", model[t].size(), " local values and ",
+                                        received[t].values.size(), " received"));
+}
+
+// The bookkeeping every adoption shares: the residual carried into the new base (computed while
+// the old anchor and the values at the cut are still held), the new anchor and base, and the end
+// of a wait for it. Counters are the caller's.
 void FragmentTrack::start_base(uint64_t version, uint64_t checksum, Version received) {
-  if (sent_on_base_) carried_ = std::move(last_cut_);
+  if (sent_on_base_) {
+    if (!last_cut_.empty())
+      carried_ = std::move(last_cut_);
+    else
+      residual_after_cut(carried_);
+  }
   last_cut_.clear();
+  cut_codec_.reset();
   // The new base has no cut yet (a saved track checks its counters against these).
   cut_point_.clear();
   steps_at_cut_ = 0;
@@ -88,32 +150,15 @@ void FragmentTrack::start_base(uint64_t version, uint64_t checksum, Version rece
   if (awaiting_ && version_ > awaiting_->base) awaiting_.reset();
 }
 
-std::vector<DenseTensor> FragmentTrack::rebase(uint64_t version, uint64_t checksum, std::vector<DenseTensor> received,
-                                               std::vector<DenseTensor> local) {
-  return rebase(version, checksum, std::make_shared<const std::vector<DenseTensor>>(std::move(received)),
-                std::move(local));
-}
-
-std::vector<DenseTensor> FragmentTrack::rebase(uint64_t version, uint64_t checksum, Version received_version,
-                                               std::vector<DenseTensor> local) {
+void FragmentTrack::rebase_into(uint64_t version, uint64_t checksum, Version received_version, const Model& model) {
   DILOCO_ENFORCE(received_version != nullptr, "rebase: no version");
   const std::vector<DenseTensor>& received = *received_version;
-  check_received(received, "rebase");
-  if (local.size() != received.size())
-    throw InvalidInput(detail::concat("rebase: ", local.size(), " local tensors, ", received.size(), " received"));
-  for (size_t t = 0; t < local.size(); ++t) {
-    const std::vector<float>& from = sent_on_base_ ? cut_point_.at(t) : anchor()[t].values;
-    const auto& r = received[t].values;
-    if (local[t].values.size() != r.size() || from.size() != r.size())
-      throw InvalidInput(detail::concat("rebase: tensor ", t, " has ", local[t].values.size(), " local values and ",
-                                        r.size(), " received"));
-  }
-  // Written over `local` (no third copy of the fragment): received + (local - from), the same bits.
-  std::vector<DenseTensor> model = std::move(local);
+  check_received(received, model, "rebase");
+  // received + (local - from), written over the local values.
   for (size_t t = 0; t < model.size(); ++t) {
     const std::vector<float>& from = sent_on_base_ ? cut_point_.at(t) : anchor()[t].values;
     const auto& r = received[t].values;
-    auto& v = model[t].values;
+    const std::span<float> v = model[t];
     for (size_t i = 0; i < v.size(); ++i) v[i] = r[i] + (v[i] - from[i]);
   }
   if (sent_on_base_) {
@@ -121,7 +166,36 @@ std::vector<DenseTensor> FragmentTrack::rebase(uint64_t version, uint64_t checks
     tokens_ -= tokens_at_cut_;
   }
   start_base(version, checksum, std::move(received_version));
-  return model;
+}
+
+std::vector<DenseTensor> FragmentTrack::rebase(uint64_t version, uint64_t checksum, std::vector<DenseTensor> received,
+                                               std::vector<DenseTensor> local) {
+  return rebase(version, checksum, std::make_shared<const std::vector<DenseTensor>>(std::move(received)),
+                std::move(local));
+}
+
+std::vector<DenseTensor> FragmentTrack::rebase(uint64_t version, uint64_t checksum, Version received,
+                                               std::vector<DenseTensor> local) {
+  rebase_into(version, checksum, std::move(received), spans_of(local));
+  return local;
+}
+
+void FragmentTrack::adopt_into(uint64_t version, uint64_t checksum, Version received_version, double alpha,
+                               const Model& model) {
+  DILOCO_ENFORCE(received_version != nullptr, "adopt: no version");
+  const std::vector<DenseTensor>& received = *received_version;
+  check_received(received, model, "adopt");
+  for (size_t t = 0; t < model.size(); ++t) {
+    const auto& r = received[t].values;
+    const std::span<float> v = model[t];
+    if (alpha > 0)
+      for (size_t i = 0; i < v.size(); ++i) v[i] = blend_value(alpha, v[i], r[i]);
+    else
+      std::copy(r.begin(), r.end(), v.begin());
+  }
+  start_base(version, checksum, std::move(received_version));
+  steps_ = 0;
+  tokens_ = 0;
 }
 
 std::vector<DenseTensor> FragmentTrack::adopt(uint64_t version, uint64_t checksum, std::vector<DenseTensor> received,
@@ -129,15 +203,11 @@ std::vector<DenseTensor> FragmentTrack::adopt(uint64_t version, uint64_t checksu
   return adopt(version, checksum, std::make_shared<const std::vector<DenseTensor>>(std::move(received)), alpha, local);
 }
 
-std::vector<DenseTensor> FragmentTrack::adopt(uint64_t version, uint64_t checksum, Version received_version,
-                                              double alpha, const std::vector<DenseTensor>& local) {
-  DILOCO_ENFORCE(received_version != nullptr, "adopt: no version");
-  const std::vector<DenseTensor>& received = *received_version;
-  check_received(received, "adopt");
-  std::vector<DenseTensor> model = alpha > 0 ? blend(local, received, alpha) : received;
-  start_base(version, checksum, std::move(received_version));
-  steps_ = 0;
-  tokens_ = 0;
+std::vector<DenseTensor> FragmentTrack::adopt(uint64_t version, uint64_t checksum, Version received, double alpha,
+                                              const std::vector<DenseTensor>& local) {
+  DILOCO_ENFORCE(received != nullptr, "adopt: no version");
+  std::vector<DenseTensor> model = alpha > 0 ? local : *received;
+  adopt_into(version, checksum, std::move(received), alpha, spans_of(model));
   return model;
 }
 
@@ -158,23 +228,16 @@ std::optional<uint64_t> FragmentTrack::awaited_base() const {
   return awaiting_->base;
 }
 
-std::vector<std::vector<float>> FragmentTrack::carried_residual() const {
-  std::vector<std::vector<float>> out;
-  for (const auto& f : carried_) {
-    auto r = f.residual();
-    out.emplace_back(r.begin(), r.end());
-  }
-  return out;
-}
+std::vector<std::vector<float>> FragmentTrack::carried_residual() const { return carried_; }
 
 FragmentTrack::Saved FragmentTrack::save() const {
-  auto residuals = [](const std::vector<ErrorFeedback>& list) {
-    std::vector<std::vector<float>> out;
-    for (const auto& f : list) out.emplace_back(f.residual().begin(), f.residual().end());
-    return out;
-  };
-  return Saved{.version = version_, .checksum = checksum_, .anchor = anchor(), .carried = residuals(carried_),
-               .last_cut = residuals(last_cut_), .sent_on_base = sent_on_base_, .steps = steps_, .tokens = tokens_,
+  std::vector<std::vector<float>> last_cut;
+  if (sent_on_base_) {
+    last_cut = last_cut_.empty() ? carried_ : last_cut_;
+    if (last_cut_.empty()) residual_after_cut(last_cut);
+  }
+  return Saved{.version = version_, .checksum = checksum_, .anchor = anchor(), .carried = carried_,
+               .last_cut = std::move(last_cut), .sent_on_base = sent_on_base_, .steps = steps_, .tokens = tokens_,
                .cut_point = cut_point_, .steps_at_cut = steps_at_cut_, .tokens_at_cut = tokens_at_cut_};
 }
 
@@ -192,9 +255,8 @@ FragmentTrack FragmentTrack::restore(Saved saved) {
       saved.tokens_at_cut > saved.tokens)
     throw InvalidInput("a saved fragment's residuals, cut point or counters do not agree with its anchor");
   FragmentTrack out(std::move(saved.anchor), saved.version, saved.checksum);
-  out.carried_.clear();
-  for (auto& r : saved.carried) out.carried_.emplace_back(std::move(r));
-  for (auto& r : saved.last_cut) out.last_cut_.emplace_back(std::move(r));
+  out.carried_ = std::move(saved.carried);
+  out.last_cut_ = std::move(saved.last_cut);
   out.sent_on_base_ = saved.sent_on_base;
   out.steps_ = saved.steps;
   out.tokens_ = saved.tokens;

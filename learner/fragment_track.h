@@ -10,11 +10,19 @@
 // On adoption, the residual of the last cut on the old base becomes the carried residual (what
 // quantization held back of the progress that went out); if no delta was sent on the old base,
 // the carried residual stays as it was (none of it has gone out yet).
+//
+// Memory. A track holds the anchor (shared with the parameter inbox), the carried residual and,
+// after a cut, the parameters at the cut: three values per parameter of its own. The residual
+// after the last cut is not kept: at adoption it is computed again from the anchor, the values at
+// the cut and the carried residual, with the cut's codec settings (quantization is deterministic,
+// so these are the bits the cut left), and a cut or a recomputation works a range of values at a
+// time, with no buffer of a whole tensor.
 #pragma once
 
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <span>
 #include <vector>
 
 #include "core/codec/messages.h"
@@ -70,9 +78,17 @@ class FragmentTrack {
   // InvalidInput on a tensor count or size mismatch.
   CutDelta cut(std::vector<std::vector<float>> current, DType dtype, uint32_t block_size, uint32_t topk = 0);
 
+  // The model's fragment as it is held: one span per tensor of the fragment, in layout order (the
+  // learner's host buffers). adopt_into and rebase_into write the adopted values straight into it.
+  using Model = std::vector<std::span<float>>;
+
   // Adopts a newer version: it becomes the anchor and base, the counters restart at 0 and a wait
-  // for a version above the last cut's base ends. Returns what the model's fragment must hold:
-  // `received` itself when alpha is 0 (overwrite), else blend(local, received, alpha).
+  // for a version above the last cut's base ends. `model` (which holds the local values) is
+  // written with what the model's fragment must hold: `received` itself when alpha is 0
+  // (overwrite), else blend(local, received, alpha), value by value in place. Throws InvalidInput
+  // (and changes nothing) when the sizes differ.
+  void adopt_into(uint64_t version, uint64_t checksum, Version received, double alpha, const Model& model);
+  // The same on copies: returns what the model's fragment must hold.
   std::vector<DenseTensor> adopt(uint64_t version, uint64_t checksum, std::vector<DenseTensor> received,
                                  double alpha = 0, const std::vector<DenseTensor>& local = {});
   std::vector<DenseTensor> adopt(uint64_t version, uint64_t checksum, Version received, double alpha = 0,
@@ -85,6 +101,8 @@ class FragmentTrack {
   // measured from the new anchor). The counters keep the steps and tokens of the kept progress.
   // Otherwise as adopt(). With local equal to the last cut (a synchronous learner that waited
   // right after cutting) it is exactly an overwrite.
+  void rebase_into(uint64_t version, uint64_t checksum, Version received, const Model& model);
+  // The same on copies: returns what the model's fragment must hold.
   std::vector<DenseTensor> rebase(uint64_t version, uint64_t checksum, std::vector<DenseTensor> received,
                                   std::vector<DenseTensor> local);
   std::vector<DenseTensor> rebase(uint64_t version, uint64_t checksum, Version received,
@@ -107,14 +125,17 @@ class FragmentTrack {
   uint64_t version() const { return version_; }
   uint64_t checksum() const { return checksum_; }
   const std::vector<DenseTensor>& anchor() const;
+  const Version& anchor_version() const { return anchor_; }
   uint32_t steps() const { return steps_; }
   uint64_t tokens() const { return tokens_; }
   bool sent_on_base() const { return sent_on_base_; }
   // Residual the next cut on the current base starts from (one vector per tensor).
   std::vector<std::vector<float>> carried_residual() const;
 
+  // A copy of everything (the residual after the last cut computed again when not held).
   Saved save() const;
-  // Throws InvalidInput when the saved sizes do not agree with its anchor.
+  // Throws InvalidInput when the saved sizes do not agree with its anchor. The residual after the
+  // last cut is kept as saved (the codec settings it was cut with are not saved).
   static FragmentTrack restore(Saved saved);
 
  private:
@@ -123,11 +144,19 @@ class FragmentTrack {
     uint64_t until_step = 0;  // the learner may complete inner steps up to this count
   };
 
+  // How the latest cut on the base was quantized: what recomputing its residual needs.
+  struct CutCodec {
+    DType dtype = DType::F32;
+    uint32_t block_size = 0;
+    uint32_t topk = 0;
+  };
+
   uint64_t version_ = 0;
   uint64_t checksum_ = 0;
   Version anchor_;  // null until a version is held
-  std::vector<ErrorFeedback> carried_;  // residual carried into the current base
-  std::vector<ErrorFeedback> last_cut_; // residual after the latest cut on the current base
+  std::vector<std::vector<float>> carried_;   // residual carried into the current base
+  std::vector<std::vector<float>> last_cut_;  // residual after the latest cut, only as restored
+  std::optional<CutCodec> cut_codec_;         // set by a cut on the current base
   bool sent_on_base_ = false;
   uint32_t steps_ = 0;
   uint64_t tokens_ = 0;
@@ -136,7 +165,10 @@ class FragmentTrack {
   uint64_t tokens_at_cut_ = 0;
   std::optional<Wait> awaiting_;
 
-  void check_received(const std::vector<DenseTensor>& received, const char* what) const;
+  void check_received(const std::vector<DenseTensor>& received, const Model& model, const char* what) const;
+  // The residual the latest cut on the base left, per tensor: `residual` holds the carried one
+  // and is overwritten.
+  void residual_after_cut(std::vector<std::vector<float>>& residual) const;
   void start_base(uint64_t version, uint64_t checksum, Version received);
 };
 

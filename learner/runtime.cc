@@ -143,6 +143,11 @@ struct LearnerRuntime::Impl {
   std::vector<std::vector<float>> read_values(uint32_t p);
   std::vector<DenseTensor> read_tensors(uint32_t p);
   void write_tensors(uint32_t p, const std::vector<DenseTensor>& tensors);
+  // Fragment p's values in the host buffers, to be written in place; `current`: they must hold the
+  // model's values now (the device's copied to the host first), else only the rows of a partial
+  // tensor that p does not hold are brought up to date. written() copies them back to the device.
+  FragmentTrack::Model host_view(uint32_t p, bool current);
+  void written(uint32_t p);
 
   void log(nlohmann::json record);
   bool claim_id(std::vector<MemberRecord>& records);
@@ -254,6 +259,21 @@ std::vector<DenseTensor> LearnerRuntime::Impl::read_tensors(uint32_t p) {
   return out;
 }
 
+FragmentTrack::Model LearnerRuntime::Impl::host_view(uint32_t p, bool current) {
+  // from_host copies whole tensors back: the rows of a partial tensor that this fragment does not
+  // hold must be current on the host first.
+  if (sync.to_host && current) sync.to_host(members[p]);
+  else if (sync.to_host && !partial[p].empty()) sync.to_host(partial[p]);
+  FragmentTrack::Model out;
+  for (const auto& piece : layout->pieces[p])
+    out.emplace_back(tensors[piece.tensor].host + piece.offset, static_cast<size_t>(piece.numel));
+  return out;
+}
+
+void LearnerRuntime::Impl::written(uint32_t p) {
+  if (sync.from_host) sync.from_host(members[p]);
+}
+
 void LearnerRuntime::Impl::write_tensors(uint32_t p, const std::vector<DenseTensor>& values) {
   const auto& pieces = layout->pieces[p];
   DILOCO_ENFORCE(values.size() == pieces.size(), "fragment ", p, ": ", values.size(), " tensors to write, ",
@@ -261,13 +281,9 @@ void LearnerRuntime::Impl::write_tensors(uint32_t p, const std::vector<DenseTens
   for (size_t k = 0; k < values.size(); ++k)
     DILOCO_ENFORCE(values[k].values.size() == static_cast<size_t>(pieces[k].numel), "tensor '",
                    layout->fragments[p][k].name, "': ", values[k].values.size(), " values for ", pieces[k].numel);
-  // from_host copies whole tensors back: the rows of a partial tensor that this fragment does not
-  // hold must be current on the host first.
-  if (sync.to_host && !partial[p].empty()) sync.to_host(partial[p]);
-  for (size_t k = 0; k < values.size(); ++k)
-    std::memcpy(tensors[pieces[k].tensor].host + pieces[k].offset, values[k].values.data(),
-                values[k].values.size() * sizeof(float));
-  if (sync.from_host) sync.from_host(members[p]);
+  const FragmentTrack::Model view = host_view(p, false);
+  for (size_t k = 0; k < values.size(); ++k) std::copy(values[k].values.begin(), values[k].values.end(), view[k].begin());
+  written(p);
 }
 
 void LearnerRuntime::Impl::log(nlohmann::json record) {
@@ -459,12 +475,15 @@ void LearnerRuntime::Impl::adopt_received(float loss) {
     const double alpha = d.blend_alpha;
     const bool rebase = d.adopt == "rebase";
     const bool needs_local = (alpha > 0 || rebase) && o.mode != LearnerMode::EvalOnly;
-    auto local = needs_local ? read_tensors(p) : std::vector<DenseTensor>{};
-    // The version itself becomes the anchor, shared with the inbox: no copy of it.
-    const FragmentTrack::Version received(taken, &taken->tensors);
-    write_tensors(p, needs_local && rebase ? f.rebase(params.version, params.checksum, received, std::move(local))
-                                           : f.adopt(params.version, params.checksum, received,
-                                                     needs_local ? alpha : 0, local));
+    // The version itself becomes the anchor, shared with the inbox: no copy of it; the adopted
+    // values are written straight into the host buffers.
+    FragmentTrack::Version received(taken, &taken->tensors);
+    const FragmentTrack::Model model = host_view(p, needs_local);
+    if (needs_local && rebase)
+      f.rebase_into(params.version, params.checksum, std::move(received), model);
+    else
+      f.adopt_into(params.version, params.checksum, std::move(received), needs_local ? alpha : 0, model);
+    written(p);
     ++adopted;
     metrics.add("versions_adopted_total", 1);
     metrics.set("fragment_version", static_cast<double>(f.version()), {{"fragment", std::to_string(p)}});
@@ -934,7 +953,8 @@ void LearnerRuntime::load_state(std::span<const uint8_t> bytes) {
     // The run moved on while this learner was away: rebase its saved progress onto the version it
     // joined at, as an adoption would.
     if (current.version() > f.version) {
-      s.write_tensors(p, s.fragments[p].rebase(current.version(), current.checksum(), current.anchor(), s.read_tensors(p)));
+      s.fragments[p].rebase_into(current.version(), current.checksum(), current.anchor_version(), s.host_view(p, true));
+      s.written(p);
     }
   }
   s.step = saved.step;

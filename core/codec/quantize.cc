@@ -497,13 +497,17 @@ size_t feedback_alignment(DType dtype, uint32_t block_size) {
 void feedback_range(QuantizedTensor& q, std::span<const float> delta, std::span<float> residual_all,
                     std::span<float> sent, size_t begin, size_t end, std::vector<float>& scratch,
                     uint32_t topk) {
-  const size_t n = delta.size();
+  const size_t n = static_cast<size_t>(q.numel());
   const size_t align = feedback_alignment(q.dtype, q.block_size);
-  DILOCO_ENFORCE(begin % align == 0 && begin <= end && end <= n && static_cast<int64_t>(n) == q.numel() &&
-                     residual_all.size() == n && (sent.empty() || sent.size() == n || sent.size() == end - begin),
+  auto whole_or_range = [&](size_t size) { return size == n || size == end - begin; };
+  DILOCO_ENFORCE(begin % align == 0 && begin <= end && end <= n && whole_or_range(delta.size()) &&
+                     whole_or_range(residual_all.size()) && (sent.empty() || whole_or_range(sent.size())),
                  "feedback_range [", begin, ", ", end, ") of ", n, " values does not fit");
-  // `sent` holds the whole tensor, or this range alone (from its start).
-  const size_t sent_base = sent.size() == n ? 0 : begin;
+  // Each of delta, residual and sent holds the whole tensor, or this range alone (from its start).
+  auto first_of = [&](size_t size) { return size == n ? 0 : begin; };
+  const size_t delta_base = first_of(delta.size());
+  const size_t residual_base = first_of(residual_all.size());
+  const size_t sent_base = first_of(sent.size());
   check_topk(q.dtype, q.block_size, topk, "top-k");
   // Cache-sized segments of whole blocks (an even number of them, so that an INT4 segment starts
   // on a byte): x = delta + residual, send quantize(x) (of its top-k per block), keep
@@ -520,15 +524,16 @@ void feedback_range(QuantizedTensor& q, std::span<const float> delta, std::span<
     const size_t bytes = payload_bytes(q.dtype, static_cast<int64_t>(len));
     const std::span<float> scales(q.scales.data() + first_block, blocks);
     const std::span<uint8_t> payload(q.payload.data() + first_byte, bytes);
-    const std::span<float> residual(residual_all.data() + s, len);
+    const std::span<float> residual(residual_all.data() + (s - residual_base), len);
+    const float* d = delta.data() + (s - delta_base);
     if (topk) {
-      topk_segment(q.dtype, block, topk, delta.data() + s, residual.data(),
+      topk_segment(q.dtype, block, topk, d, residual.data(),
                    sent.empty() ? nullptr : sent.data() + (s - sent_base),
                    len, scales.data(), payload.data(), payload.size());
       continue;
     }
     const std::span<float> x(scratch.data(), len);
-    add(delta.data() + s, residual.data(), len, x.data());
+    add(d, residual.data(), len, x.data());
     quantize_into(x, q.dtype, q.block_size, scales, payload);
     dequantize_into(q.dtype, q.block_size, scales, payload, residual);
     if (!sent.empty())

@@ -73,8 +73,9 @@ void check_topk(DType dtype, uint32_t block_size, uint32_t topk, const char* wha
 
 // quantize_with_feedback in pieces, for callers that share one tensor between threads:
 // feedback_result sizes the result (scales and payload, no values yet); feedback_range fills
-// values [begin, end) of it and touches only that range of residual and sent (`sent`: empty, the
-// whole tensor's n values, or the range's end - begin, written from its start). begin must be a
+// values [begin, end) of it and touches only that range of residual and sent. delta, residual and
+// sent (which may also be empty) each hold the whole tensor's n values, or the range's
+// end - begin alone, from its start (a caller may compute a tensor's delta a range at a time). begin must be a
 // multiple of feedback_alignment (whole blocks, whole INT4 bytes). Any division into ranges gives
 // the bits of one quantize_with_feedback call. Throws InternalError on a range that does not fit.
 QuantizedTensor feedback_result(uint32_t index, std::vector<int64_t> shape, DType dtype, uint32_t block_size);

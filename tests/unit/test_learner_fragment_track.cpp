@@ -3,6 +3,8 @@
 // scale = absmax / 127, so a block whose absmax is 127 quantizes each value to round-half-even(x).
 #include <catch2/catch.hpp>
 
+#include <cstring>
+#include <random>
 #include <vector>
 
 #include "core/codec/quantize.h"
@@ -228,6 +230,89 @@ TEST_CASE("rebase right after a cut is an overwrite", "[learner]") {
   CHECK(f.steps() == 0);
   CHECK_FALSE(f.must_wait(1));
   CHECK_THROWS_AS(f.rebase(5, 0, tensors(1, 1), {}), InvalidInput);
+}
+
+TEST_CASE("a cut and the residual carried at adoption are those of quantizing the whole tensor at once",
+          "[learner]") {
+  // Two tensors, one of several of the ranges a cut works in (2^20 values) and a last block that
+  // is not whole; the expected values come from quantize_with_feedback on whole tensors.
+  const std::vector<size_t> sizes = {(size_t{1} << 21) + 1000, 77};
+  std::mt19937_64 rng(11);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  auto fill = [&](float scale) {
+    std::vector<DenseTensor> out;
+    for (uint32_t t = 0; t < sizes.size(); ++t) {
+      DenseTensor d{t, {static_cast<int64_t>(sizes[t])}, std::vector<float>(sizes[t])};
+      for (auto& v : d.values) v = scale * dist(rng);
+      out.push_back(std::move(d));
+    }
+    return out;
+  };
+  auto bits = [](const std::vector<float>& a, const std::vector<float>& b) {
+    return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+  };
+  for (const uint32_t topk : {0u, 8u}) {
+    const auto anchor = fill(1.0f), first = fill(1.0f), second = fill(1.0f), third = fill(1.0f);
+    FragmentTrack f(anchor, 0);
+    f.count_step(1);
+    // The first cut, on base 0: its residual becomes the carried one at adoption.
+    std::vector<std::vector<float>> at_cut;
+    for (const auto& t : first) at_cut.push_back(t.values);
+    f.cut(at_cut, DType::INT4, 64, topk);
+    std::vector<std::vector<float>> expected_residual;
+    for (size_t t = 0; t < sizes.size(); ++t) {
+      std::vector<float> delta(sizes[t]), residual(sizes[t], 0.0f), scratch;
+      for (size_t i = 0; i < sizes[t]; ++i) delta[i] = anchor[t].values[i] - first[t].values[i];
+      quantize_with_feedback(static_cast<uint32_t>(t), anchor[t].shape, delta, residual, DType::INT4, 64, scratch, {},
+                             topk);
+      expected_residual.push_back(std::move(residual));
+    }
+    CHECK(f.save().last_cut.size() == sizes.size());
+    for (size_t t = 0; t < sizes.size(); ++t) CHECK(bits(f.save().last_cut[t], expected_residual[t]));
+    f.rebase(1, 0, second, third);
+    const auto carried = f.carried_residual();
+    for (size_t t = 0; t < sizes.size(); ++t) CHECK(bits(carried[t], expected_residual[t]));
+    // The next cut starts from it and leaves it as it is.
+    f.count_step(1);
+    std::vector<std::vector<float>> now;
+    for (const auto& t : first) now.push_back(t.values);
+    const CutDelta d = f.cut(now, DType::INT4, 64, topk);
+    for (size_t t = 0; t < sizes.size(); ++t) {
+      std::vector<float> delta(sizes[t]), residual = expected_residual[t], scratch;
+      for (size_t i = 0; i < sizes[t]; ++i) delta[i] = second[t].values[i] - first[t].values[i];
+      const QuantizedTensor q =
+          quantize_with_feedback(static_cast<uint32_t>(t), anchor[t].shape, delta, residual, DType::INT4, 64, scratch,
+                                 {}, topk);
+      CHECK(d.tensors[t].payload == q.payload);
+      CHECK(d.tensors[t].scales == q.scales);
+      CHECK(bits(f.carried_residual()[t], expected_residual[t]));
+    }
+  }
+}
+
+TEST_CASE("adopt_into and rebase_into write the model's own buffers, and change nothing on a size mismatch",
+          "[learner]") {
+  FragmentTrack f(tensors(10, 10), 3);
+  for (int i = 0; i < 4; ++i) f.count_step(8);
+  f.cut(values(8, 12), DType::F32, 64);
+  std::vector<float> model = {7, 13}, short_model = {1};
+  auto received = std::make_shared<const std::vector<DenseTensor>>(tensors(9, 11));
+  CHECK_THROWS_AS(f.rebase_into(4, 0, received, {std::span<float>(short_model)}), InvalidInput);
+  CHECK_THROWS_AS(f.rebase_into(4, 0, received, {}), InvalidInput);
+  CHECK(f.version() == 3);
+  CHECK(f.sent_on_base());
+  CHECK(model == std::vector<float>{7, 13});
+  // (9, 11) + ((7, 13) - (8, 12)), in place.
+  f.rebase_into(4, 0, received, {std::span<float>(model)});
+  CHECK(model == std::vector<float>{8, 12});
+  CHECK(f.version() == 4);
+  CHECK(f.anchor_version() == received);  // shared, not copied
+  f.count_step(8);
+  auto next = std::make_shared<const std::vector<DenseTensor>>(tensors(0, 4));
+  f.adopt_into(5, 0, next, 0.25, {std::span<float>(model)});
+  CHECK(model == std::vector<float>{2, 6});  // 0.25 * (8, 12) + 0.75 * (0, 4)
+  f.adopt_into(6, 0, received, 0, {std::span<float>(model)});
+  CHECK(model == std::vector<float>{9, 11});
 }
 
 TEST_CASE("save keeps everything the next cut and rebase need, and restore gives it back", "[learner][learner_state]") {

@@ -393,6 +393,33 @@ TEST_CASE("top-k: ties keep the first values, a NaN is kept, ranges give the sam
   CHECK(split_sent == whole_sent);
 }
 
+TEST_CASE("feedback_range takes a range's delta and residual alone and gives the whole tensor's bits",
+          "[codec][quantize][feedback]") {
+  constexpr size_t n = 5 * 64 + 10;  // a last block that is not whole
+  const auto delta = gaussian(n, 0.02f, 6);
+  const auto start = gaussian(n, 0.01f, 7);
+  for (const uint32_t topk : {0u, 4u}) {
+    std::vector<float> whole_residual = start, scratch;
+    const QuantizedTensor whole =
+        quantize_with_feedback(0, {n}, delta, whole_residual, DType::INT4, 64, scratch, {}, topk);
+    QuantizedTensor split = feedback_result(0, {n}, DType::INT4, 64);
+    std::vector<float> pieces_residual;
+    for (size_t b = 0; b < n; b += 128) {
+      const size_t e = std::min(n, b + 128);
+      const std::vector<float> d(delta.begin() + b, delta.begin() + e);
+      std::vector<float> r(start.begin() + b, start.begin() + e);
+      feedback_range(split, d, r, {}, b, e, scratch, topk);
+      pieces_residual.insert(pieces_residual.end(), r.begin(), r.end());
+    }
+    CHECK(split.payload == whole.payload);
+    CHECK(split.scales == whole.scales);
+    CHECK(pieces_residual == whole_residual);
+  }
+  QuantizedTensor q = feedback_result(0, {n}, DType::INT4, 64);
+  std::vector<float> scratch, three(3), r(128);
+  CHECK_THROWS_AS(feedback_range(q, three, r, {}, 0, 128, scratch), InternalError);  // neither n nor the range
+}
+
 TEST_CASE("top-k is refused where it has no meaning", "[codec][quantize][topk]") {
   CHECK_NOTHROW(check_topk(DType::F32, 0, 0, "codec.topk"));
   CHECK_NOTHROW(check_topk(DType::INT4, 64, 63, "codec.topk"));
