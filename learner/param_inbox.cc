@@ -65,7 +65,9 @@ std::vector<std::string> ParamInbox::endpoints() const {
 
 void ParamInbox::run() {
   zmq::context_t context(1);
-  ParamsSubscriber subscriber(context, 256, {}, options_.curve ? &*options_.curve : nullptr);
+  ParamsSubscriber subscriber(context, 256, {}, options_.curve ? &*options_.curve : nullptr, options_.fragments);
+  const std::set<uint32_t> wanted_fragments(options_.fragments.begin(), options_.fragments.end());
+  auto takes = [&](uint32_t p) { return wanted_fragments.empty() || wanted_fragments.count(p) > 0; };
   auto connect = [&](const std::string& endpoint) {
     try {
       subscriber.connect(endpoint);
@@ -161,6 +163,12 @@ void ParamInbox::run() {
         continue;
       }
       subscriber.request(*it);
+      {
+        const auto h = held.find(*it);
+        std::cerr << "learner: asking the mergers for a snapshot of fragment " << *it << " ("
+                  << (h == held.end() ? std::string("none held") : "holding version " + std::to_string(h->second->version))
+                  << ")\n";
+      }
       asks.asked(*it, now);
       metrics_.add("params_requested_total", 1);
       it = wanted.erase(it);
@@ -190,6 +198,7 @@ void ParamInbox::run() {
             if (m.role == Role::Merger)
               for (size_t i = 0; i < m.owned_fragments.size(); ++i) {
                 if (options_.limits.layout && m.owned_fragments[i] >= options_.limits.layout->num_fragments()) continue;
+                if (!takes(m.owned_fragments[i])) continue;
                 {
                   std::lock_guard lock(mutex_);
                   auto& heard = owner_heard_[m.owned_fragments[i]];

@@ -39,7 +39,8 @@ struct ParamInboxOptions {
   // A fragment whose version a merger announced in `members` and of which no usable version
   // arrived for request_delay_s, or for twice the recent delay between announcements and
   // arrivals if longer (a slow link), at most request_interval_max_s (a dropped message, a merger
-  // that was recovering when this learner connected; learner/snapshot_asks.h, StallClock) is
+  // that was recovering when this learner connected; learner/snapshot_asks.h, StallClock; for a
+  // fragment held before any version of it arrived, request_interval_max_s) is
   // asked for; a gap found while the first read of `members` catches up (announced before this
   // inbox subscribed, so it will not arrive by itself) is asked for at once. While it stays
   // missing it is asked for again after request_interval_s, then after twice that, and so on up
@@ -55,6 +56,9 @@ struct ParamInboxOptions {
   // mergers'): updates on them apply at once, and no snapshot is asked for while the mergers
   // announce nothing newer. Shared, never written (the learner's anchors are the same objects).
   std::vector<std::shared_ptr<const FragmentParams>> held;
+  // The fragments wanted (a learner of some fragments, RuntimeOptions::fragments); empty: all.
+  // Versions of the others are neither received nor asked for, and their announcements ignored.
+  std::vector<uint32_t> fragments;
   // Authenticated parameters (core/zmq/curve.h): subscribe as this CURVE client, so that only a
   // publisher holding the mergers' secret key is heard. None: in the clear.
   std::optional<CurveClientOptions> curve;

@@ -740,7 +740,7 @@ bool LearnerRuntime::start() {
       ParamInboxOptions{.kafka = s.o.kafka, .topics = s.topics, .limits = s.limits(),
                         .endpoints = s.o.merger_endpoints,
                         .members_lookback_s = s.o.config.merger.members_lookback_seconds, .held = std::move(s.held_at_start),
-                        .curve = std::move(curve)},
+                        .fragments = s.o.fragments, .curve = std::move(curve)},
       s.metrics);
   if (s.o.mode == LearnerMode::Train)
     s.refusals = std::make_unique<RefusalWatch>(

@@ -47,7 +47,8 @@ void StallClock::arrived(uint32_t p, uint64_t version, Clock::time_point now) {
     lag = std::max(0.0, std::chrono::duration<double>(now - it->second).count());
   t.first_seen.erase(t.first_seen.begin(), t.first_seen.upper_bound(version));
   constexpr double kWeight = 0.25;  // of the newest lag in the average
-  t.lag_s += kWeight * (lag - t.lag_s);
+  t.lag_s = t.measured ? t.lag_s + kWeight * (lag - t.lag_s) : lag;
+  t.measured = true;
   t.progress = now;
 }
 
@@ -76,6 +77,11 @@ bool StallClock::stalled(uint32_t p, std::optional<uint64_t> held, Clock::time_p
   // Behind since the oldest announcement not yet arrived, or since the last progress if later.
   auto since = it->second.first_seen.begin()->second;
   if (it->second.progress && *it->second.progress > since) since = *it->second.progress;
+  // Holding a version but no arrival measured yet: how long this link and this fragment's updates
+  // take is unknown, so the cap applies (a fragment of hundreds of millions of parameters takes
+  // seconds to be encoded, sent and decoded: asking sooner sends a whole snapshot in vain). With
+  // nothing held no update can help: the delay.
+  if (held && !it->second.measured) return now - since >= max_;
   return now - since >= threshold(p);
 }
 

@@ -50,7 +50,9 @@ class SnapshotAsks {
 // where lag is a moving average of how long the recent versions took from their first
 // announcement to their arrival (0 for one that arrived before it was announced). A version lost
 // for good (nothing after it to show the gap) is asked for after `delay` on a quick link, and
-// after at most `max` however slow the link looked. Pure: the caller passes the clock.
+// after at most `max` however slow the link looked. Until a first version arrived the lag is
+// unknown: a fragment of which a version is held (updates will apply to it) then waits `max`,
+// one of which none is held `delay`. Pure: the caller passes the clock.
 class StallClock {
  public:
   using Clock = std::chrono::steady_clock;
@@ -76,6 +78,7 @@ class StallClock {
     std::map<uint64_t, Clock::time_point> first_seen;  // announced versions not yet arrived
     std::optional<Clock::time_point> progress;         // the last arrival, or when it fell behind
     double lag_s = 0;                                  // moving average
+    bool measured = false;                             // some version arrived
   };
   std::chrono::duration<double> delay_, max_;
   double lag_factor_;

@@ -130,15 +130,23 @@ ParamsPublisher::Requests ParamsPublisher::take_requests() {
 }
 
 ParamsSubscriber::ParamsSubscriber(zmq::context_t& context, int receive_high_water_mark, std::string id,
-                                   const CurveClientOptions* curve)
-    : socket_(context, zmq::socket_type::sub), id_(id.empty() ? random_id() : std::move(id)) {
+                                   const CurveClientOptions* curve, const std::vector<uint32_t>& fragments)
+    : socket_(context, zmq::socket_type::sub),
+      id_(id.empty() ? random_id() : std::move(id)),
+      fragments_(fragments.begin(), fragments.end()) {
   if (!valid_id(id_))
     throw InvalidInput("subscriber id '" + id_ + "': use 1-64 letters, digits, '-' or '_'");
   if (curve) make_curve_client(socket_, *curve);
   socket_.set(zmq::sockopt::rcvhwm, receive_high_water_mark);
   socket_.set(zmq::sockopt::linger, 0);
-  socket_.set(zmq::sockopt::subscribe, kVersionPrefix);
-  socket_.set(zmq::sockopt::subscribe, kRoundOpenPrefix);
+  if (fragments_.empty()) {
+    socket_.set(zmq::sockopt::subscribe, kVersionPrefix);
+    socket_.set(zmq::sockopt::subscribe, kRoundOpenPrefix);
+  }
+  for (uint32_t p : fragments_) {
+    socket_.set(zmq::sockopt::subscribe, std::string(kVersionPrefix) + std::to_string(p));
+    socket_.set(zmq::sockopt::subscribe, std::string(kRoundOpenPrefix) + std::to_string(p));
+  }
   socket_.set(zmq::sockopt::subscribe, std::string(kSnapshotPrefix) + id_ + ".");
   // Reconnect with exponential back-off up to 5 s when a merger goes away.
   socket_.set(zmq::sockopt::reconnect_ivl, 100);
@@ -195,7 +203,7 @@ std::optional<ParamsSubscriber::Received> ParamsSubscriber::receive(std::chrono:
     return std::nullopt;
   }
   auto fragment = parse_fragment(topic);
-  if (!fragment) return std::nullopt;
+  if (!fragment || (!fragments_.empty() && !fragments_.count(*fragment))) return std::nullopt;
   out.fragment = *fragment;
   const auto* bytes = frames[1].data<uint8_t>();
   out.message.assign(bytes, bytes + frames[1].size());

@@ -5,7 +5,9 @@
 // - "open.P": a RoundOpen notice of fragment P (a merger's quorum is in);
 // - "s.ID.P": a snapshot of fragment P for the subscriber ID alone (the publisher filters by
 //   subscription, so no other subscriber's link carries it).
-// A subscriber subscribes to "v.", "open." and "s.ID."; the publisher sees the last one as the
+// A subscriber subscribes to "v.", "open." and "s.ID." (or, when it wants some fragments only, to
+// "v.P" and "open.P" of each, dropping on arrival a fragment whose number merely begins with P,
+// such as 10 for 1); the publisher sees the last one as the
 // subscriber's hello when it connects or reconnects. A subscriber that lacks a version (it learns
 // the versions from the mergers' heartbeats in `members`, or gets an update it cannot apply) asks
 // for a snapshot with request(P): a subscription to "want.P.ID", a topic nobody publishes on, which
@@ -90,8 +92,10 @@ class ParamsSubscriber {
   // otherwise); empty: a random one.
   // With `curve`: a CURVE client that completes a handshake only with a publisher holding the
   // mergers' secret key, and only if that publisher admits this learner's key.
+  // With `fragments` not empty: versions and notices of those fragments only (the publisher
+  // filters by subscription, so the others never cross this subscriber's link).
   explicit ParamsSubscriber(zmq::context_t& context, int receive_high_water_mark = 256, std::string id = {},
-                            const CurveClientOptions* curve = nullptr);
+                            const CurveClientOptions* curve = nullptr, const std::vector<uint32_t>& fragments = {});
   const std::string& id() const { return id_; }
   // Connects once per endpoint; repeated calls with a known endpoint do nothing.
   void connect(const std::string& endpoint);
@@ -115,6 +119,7 @@ class ParamsSubscriber {
  private:
   zmq::socket_t socket_;
   std::string id_;
+  std::set<uint32_t> fragments_;  // empty: every fragment
   std::set<std::string> endpoints_;
   uint64_t bytes_received_ = 0;
 };

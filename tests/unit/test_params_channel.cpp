@@ -54,6 +54,28 @@ TEST_CASE("a subscriber receives from every publisher it connected to", "[zmq]")
   CHECK(from_b->message == std::vector<uint8_t>{9});
 }
 
+TEST_CASE("a subscriber of some fragments receives their versions and notices alone", "[zmq]") {
+  zmq::context_t context;
+  ParamsPublisher pub(context, "tcp://127.0.0.1:*");
+  ParamsSubscriber sub(context, 256, "some", nullptr, {1, 3});
+  sub.connect(pub.bound_endpoint());
+  // Fragment 1 arrives once the subscription is through; 10 and 12 begin with "1", 2 is not wanted.
+  auto first = publish_until_received(pub, sub, 1, {1});
+  REQUIRE(first);
+  CHECK(first->fragment == 1);
+  const std::vector<uint8_t> message = {7};
+  for (uint32_t p : {10u, 12u, 2u, 3u}) pub.publish(p, message);
+  pub.publish_round_open(2, message);
+  pub.publish_round_open(3, message);
+  std::vector<std::pair<uint32_t, bool>> got;
+  for (int i = 0; i < 20; ++i)
+    if (auto r = sub.receive(50ms)) got.emplace_back(r->fragment, r->round_open);
+  // Fragment 1 may come again (published until it arrived); nothing of 2, 10 or 12.
+  std::erase(got, std::pair<uint32_t, bool>{1, false});
+  CHECK(got == std::vector<std::pair<uint32_t, bool>>{{3, false}, {3, true}});
+  CHECK(sub.bytes_received() > 0);
+}
+
 TEST_CASE("a subscriber counts the payload bytes of every message it received", "[zmq]") {
   zmq::context_t context;
   ParamsPublisher pub(context, "tcp://127.0.0.1:*");
