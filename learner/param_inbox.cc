@@ -126,6 +126,10 @@ void ParamInbox::run() {
   // The checksum a merger's heartbeat gives for a version: a held version with other bits (from a
   // merger that lost the fragment, or corrupted) is replaced by a snapshot.
   std::map<uint32_t, std::pair<uint64_t, uint64_t>> announced_checksum;
+  // Why a snapshot is wanted, said once when it becomes wanted (a snapshot is a whole fragment).
+  auto want = [&](uint32_t p, const std::string& why) {
+    if (wanted.insert(p).second) std::cerr << "learner: fragment " << p << ": " << why << "; a snapshot is wanted\n";
+  };
   auto ask_for_gaps = [&] {
     const auto now = Clock::now();
     for (auto it = announced_checksum.begin(); it != announced_checksum.end();) {
@@ -138,7 +142,7 @@ void ParamInbox::run() {
         metrics_.add("params_checksum_mismatch_total", 1);
         std::cerr << "learner: fragment " << it->first << " version " << it->second.first << ": held checksum "
                   << h->second->checksum << ", the merger announces " << it->second.second << "; asking for a snapshot\n";
-        wanted.insert(it->first);
+        want(it->first, "the held version's checksum differs from the merger's");
       }
       it = announced_checksum.erase(it);  // checked once per announcement
     }
@@ -149,7 +153,10 @@ void ParamInbox::run() {
       if (!stall.behind(p, version)) continue;
       // Until the first read of `members` reaches its end, what it announces was published before
       // this subscriber connected and will not arrive by itself: asked for at once.
-      if (!members_caught_up_ || stall.stalled(p, version, now)) wanted.insert(p);
+      if (!members_caught_up_)
+        want(p, "a newer version was announced before this learner subscribed");
+      else if (stall.stalled(p, version, now))
+        want(p, detail::concat("no newer version arrived for ", stall.threshold(p, version.has_value()).count(), " s after one was announced"));
     }
     for (auto it = wanted.begin(); it != wanted.end();) {
       const auto segment = arriving.find(*it);
@@ -163,12 +170,6 @@ void ParamInbox::run() {
         continue;
       }
       subscriber.request(*it);
-      {
-        const auto h = held.find(*it);
-        std::cerr << "learner: asking the mergers for a snapshot of fragment " << *it << " ("
-                  << (h == held.end() ? std::string("none held") : "holding version " + std::to_string(h->second->version))
-                  << ")\n";
-      }
       asks.asked(*it, now);
       metrics_.add("params_requested_total", 1);
       it = wanted.erase(it);
@@ -264,13 +265,13 @@ void ParamInbox::run() {
         if (h == held.end() || h->second->version != params.base_version) {
           // Missed the version this update applies to (or joined after it): a snapshot is needed.
           metrics_.add("params_updates_unusable_total", 1);
-          wanted.insert(p);
+          want(p, detail::concat("an update from version ", params.base_version, " does not apply to the version held"));
           continue;
         }
         try {
           params = apply_fragment_update(*h->second, std::move(params));
-        } catch (const Rejection&) {
-          wanted.insert(p);
+        } catch (const Rejection& e) {
+          want(p, std::string("an update was refused: ") + e.what());
           throw;
         }
       }

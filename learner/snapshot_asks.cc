@@ -52,8 +52,13 @@ void StallClock::arrived(uint32_t p, uint64_t version, Clock::time_point now) {
   t.progress = now;
 }
 
-std::chrono::duration<double> StallClock::threshold(uint32_t p) const {
+std::chrono::duration<double> StallClock::threshold(uint32_t p, bool holding) const {
   const auto it = tracks_.find(p);
+  // Holding a version but no arrival measured yet: how long this link and this fragment's updates
+  // take is unknown, so the cap applies (a fragment of hundreds of millions of parameters takes
+  // seconds to be encoded, sent and decoded: asking sooner sends a whole snapshot in vain). With
+  // nothing held no update can help: the delay.
+  if (holding && (it == tracks_.end() || !it->second.measured)) return max_;
   const std::chrono::duration<double> lag(it == tracks_.end() ? 0.0 : lag_factor_ * it->second.lag_s);
   return std::clamp(lag, delay_, max_);
 }
@@ -77,12 +82,7 @@ bool StallClock::stalled(uint32_t p, std::optional<uint64_t> held, Clock::time_p
   // Behind since the oldest announcement not yet arrived, or since the last progress if later.
   auto since = it->second.first_seen.begin()->second;
   if (it->second.progress && *it->second.progress > since) since = *it->second.progress;
-  // Holding a version but no arrival measured yet: how long this link and this fragment's updates
-  // take is unknown, so the cap applies (a fragment of hundreds of millions of parameters takes
-  // seconds to be encoded, sent and decoded: asking sooner sends a whole snapshot in vain). With
-  // nothing held no update can help: the delay.
-  if (held && !it->second.measured) return now - since >= max_;
-  return now - since >= threshold(p);
+  return now - since >= threshold(p, held.has_value());
 }
 
 }  // namespace diloco

@@ -69,7 +69,8 @@ class StallClock {
   bool behind(uint32_t p, std::optional<uint64_t> held) const;
   // Whether p is behind and made no progress for threshold(p).
   bool stalled(uint32_t p, std::optional<uint64_t> held, Clock::time_point now) const;
-  std::chrono::duration<double> threshold(uint32_t p) const;
+  // How long p may make no progress before it counts as stalled; `holding`: some version of p is held.
+  std::chrono::duration<double> threshold(uint32_t p, bool holding = false) const;
 
  private:
   struct Track {
