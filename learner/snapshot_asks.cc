@@ -78,9 +78,12 @@ bool StallClock::behind(uint32_t p, std::optional<uint64_t> held) const {
 bool StallClock::stalled(uint32_t p, std::optional<uint64_t> held, Clock::time_point now) const {
   if (!behind(p, held)) return false;
   const auto it = tracks_.find(p);
-  if (it->second.first_seen.empty()) return false;  // not when behind: the newest stays until it arrives
-  // Behind since the oldest announcement not yet arrived, or since the last progress if later.
-  auto since = it->second.first_seen.begin()->second;
+  // Behind since the oldest announcement of a version above the one held (a version held from the
+  // start never arrives, yet was announced), or since the last progress if later.
+  const auto& seen = it->second.first_seen;
+  const auto first = held ? seen.upper_bound(*held) : seen.begin();
+  if (first == seen.end()) return false;  // not when behind: the newest stays until it arrives
+  auto since = first->second;
   if (it->second.progress && *it->second.progress > since) since = *it->second.progress;
   return now - since >= threshold(p, held.has_value());
 }

@@ -99,6 +99,21 @@ TEST_CASE("a congested link whose updates lag their announcements by seconds doe
   CHECK(stall.stalled(0, 58, end + 1s + std::chrono::duration_cast<StallClock::Clock::duration>(stall.threshold(0))));
 }
 
+TEST_CASE("a version held from the start and announced is not a gap: the wait for the next starts at its announcement",
+          "[learner][snapshots]") {
+  StallClock stall(500ms, 16s);
+  const StallClock::Clock::time_point t0{};
+  // Version 0 is held from the `state` topic (it never arrives as an update) and announced at t0.
+  stall.announced(0, 0, t0);
+  CHECK_FALSE(stall.stalled(0, 0, t0 + 60s));
+  // A minute later version 1 is announced: the wait for it starts now, not at version 0's
+  // announcement.
+  stall.announced(0, 1, t0 + 60s);
+  CHECK_FALSE(stall.stalled(0, 0, t0 + 61s));
+  CHECK_FALSE(stall.stalled(0, 0, t0 + 75s));
+  CHECK(stall.stalled(0, 0, t0 + 76s));  // the cap: no arrival has shown this link's lag yet
+}
+
 TEST_CASE("however slow the link looked, a stall is asked for after at most the cap", "[learner][snapshots]") {
   StallClock stall(500ms, 4s);
   const StallClock::Clock::time_point t0{};
