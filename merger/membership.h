@@ -28,6 +28,9 @@ class Membership {
 
   // Learners heard from within liveness_seconds of the newest stamp, by instance id.
   std::vector<std::string> live_learners() const;
+  // Those of them that train `fragment`: whose newest heartbeat lists it (a learner of some
+  // fragments lists those alone; a heartbeat that lists none counts for every fragment).
+  std::vector<std::string> live_learners(uint32_t fragment) const;
   // The shape of an inner step the learner declared in its newest announcement that declares
   // one (kept after it leaves: its last deltas may still come). Empty: none read yet.
   std::optional<DeclaredBatch> declared(const std::string& learner) const;
@@ -37,6 +40,7 @@ class Membership {
   int64_t window_us_;
   int64_t now_us_ = 0;                     // the newest stamp read
   std::map<std::string, int64_t> heard_;  // learner id -> stamp of its latest heartbeat
+  std::map<std::string, std::vector<uint32_t>> trains_;  // learner id -> the fragments its latest heartbeat lists
   std::map<std::string, DeclaredBatch> declared_;
 };
 

@@ -830,8 +830,11 @@ int MergerProcess::run() {
       const auto turn_start = Clock::now();
       if (consume(book_.owned.empty() ? t_.poll_idle_ms : t_.poll_owned_ms)) catch_up();
       follow_members();
-      auto live = membership_.live_learners();
+      const auto all_live = membership_.live_learners();
       for (auto& [p, f] : book_.owned) {
+        // The learners that train p: a learner of some fragments neither holds p's grace window
+        // open nor counts in the share of a round a merge of p applies.
+        const auto live = membership_.live_learners(p);
         const MergerState before = f.merger->state();
         const bool due = f.merger->poll(now(), live, grace_);
         if (before == MergerState::Collecting && f.merger->state() != MergerState::Collecting)
@@ -873,7 +876,7 @@ int MergerProcess::run() {
         last_status = t;
         nlohmann::json versions = nlohmann::json::object();
         for (const auto& [p, f] : book_.owned) versions[std::to_string(p)] = f.state.version;
-        metrics_.set("live_learners", static_cast<double>(live.size()));
+        metrics_.set("live_learners", static_cast<double>(all_live.size()));
         // Consumer lag per owned delta partition (a broker query per partition here once stalled
         // every merge for about 2 s of each status period).
         double lag = 0;
@@ -892,7 +895,7 @@ int MergerProcess::run() {
         const KafkaTraffic traffic = kafka_traffic();
         metrics_.set("kafka_bytes_sent", static_cast<double>(traffic.sent));
         metrics_.set("kafka_bytes_received", static_cast<double>(traffic.received));
-        log({{"event", "status"}, {"versions", versions}, {"live_learners", live.size()},
+        log({{"event", "status"}, {"versions", versions}, {"live_learners", all_live.size()},
              {"kafka_sent", traffic.sent}, {"kafka_received", traffic.received},
              {"longest_loop_turn_s", longest_turn},
              {"step_time", grace_.step_time()}, {"sync_time", grace_.sync_time()},

@@ -74,15 +74,20 @@ class _Registered:
                                     "registering, the session writes versions into its memory in place")
         self.shape = [int(d) for d in tensor.shape]
         self.on_device = device != "cpu"
+        self._device = device
         if _is_numpy(tensor):
             self.host = tensor
         elif self.on_device:
-            # Only the fragment being cut or adopted crosses, through pinned memory where the
-            # device has it (a CUDA tensor).
-            host = tensor.detach().to("cpu", copy=True)
-            self.host = host.pin_memory() if device == "cuda" else host
+            self.host = None  # attach_host(): only a tensor of a fragment this learner trains needs one
         else:
             self.host = tensor.detach()  # the same memory: adoption writes the parameter in place
+
+    def attach_host(self) -> None:
+        """A host copy of a device tensor: only the fragment being cut or adopted crosses, through
+        pinned memory where the device has it (a CUDA tensor)."""
+        if self.host is None:
+            host = self.tensor.detach().to("cpu", copy=True)
+            self.host = host.pin_memory() if self._device == "cuda" else host
 
     def to_host(self) -> None:
         self.host.copy_(self.tensor.detach())
@@ -146,6 +151,12 @@ class Session:
         genesis_timeout: seconds to wait for version 0 before :class:`UnavailableError`.
         log_every: steps between ``step`` lines in ``metrics.jsonl``.
         merger_endpoints: extra merger ZeroMQ endpoints (normally announced in the run's topics).
+        fragments: train these fragments only (numbers into :attr:`fragments`; default all): the
+            session proposes, cuts, adopts, announces and saves them alone, and a device tensor
+            that none of them holds gets no host copy. The other fragments' values in the model
+            are never read or written (their :attr:`versions` stay 0): a run trains every fragment
+            only if every fragment has a learner. A saved state loads only into a session of the
+            same fragments.
 
     Raises:
         InvalidInputError: a tensor that is not float32 or not contiguous, a model that differs
@@ -161,7 +172,7 @@ class Session:
                  run_dir: Optional[PathLike] = None, metrics_port: int = 0, index: int = 0, learners: int = 1,
                  total_steps: Optional[int] = None, connect_timeout: float = 30.0, genesis_timeout: float = 600.0,
                  log_every: int = 10, merger_endpoints: Sequence[str] = (), batch: Optional[int] = None,
-                 context: Optional[int] = None):
+                 context: Optional[int] = None, fragments: Optional[Sequence[int]] = None):
         if mode not in ("train", "eval"):
             raise InvalidInputError(f"mode must be 'train' or 'eval', not {mode!r}")
         for name, value in (("batch", batch), ("context", context)):
@@ -172,9 +183,21 @@ class Session:
         if (batch is None) != (context is None):
             raise InvalidInputError(f"batch={batch!r} and context={context!r}: give both (sequences per step and "
                                     f"tokens per sequence) or neither")
+        if fragments is not None:
+            fragments = list(fragments)
+            if not fragments or not all(isinstance(p, int) and not isinstance(p, bool) and 0 <= p < 2**32
+                                        for p in fragments):
+                raise InvalidInputError(f"fragments must be a non-empty list of fragment numbers (ints from 0), "
+                                        f"not {fragments!r}")
         self._closed = False
         self._runtime = None
         self._tensors = _registered(parameters)
+        # Host copies of device tensors: of every tensor, or of those the given fragments hold.
+        needed = range(len(self._tensors)) if fragments is None else _native().tensors_of_fragments(
+            os.fspath(config), [str(o) for o in overrides], [t.name for t in self._tensors],
+            [t.shape for t in self._tensors], fragments)
+        for i in needed:
+            self._tensors[i].attach_host()
         self._mode = mode
         self._learner_id = learner_id
         device = [t for t in self._tensors if t.on_device]
@@ -184,7 +207,7 @@ class Session:
             "metrics_port": int(metrics_port), "index": int(index), "learners": int(learners),
             "total_steps": int(total_steps or 0), "genesis_timeout": float(genesis_timeout),
             "log_every": int(log_every), "merger_endpoints": list(merger_endpoints), "client": "python",
-            "batch": batch, "context": context,
+            "batch": batch, "context": context, "fragments": fragments,
         }
         self._runtime = _native().Runtime(
             os.fspath(config), [str(o) for o in overrides], [t.name for t in self._tensors],

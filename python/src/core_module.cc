@@ -24,6 +24,7 @@
 #include "core/config/config_json.h"
 #include "core/config/run_config.h"
 #include "core/errors.h"
+#include "core/fragments/partition.h"
 #include "core/kafka/options.h"
 #include "core/kafka/topics.h"
 #include "core/metrics/metrics.h"
@@ -71,7 +72,7 @@ KafkaOptions kafka_options(const std::string& bootstrap, double connect_timeout_
 class Runtime {
  public:
   Runtime(const std::string& config_path, const std::vector<std::string>& overrides, const std::vector<std::string>& names,
-          const std::vector<std::vector<int64_t>>& shapes, std::vector<HostArray> buffers, nb::object to_host,
+          const std::vector<std::vector<int64_t>>& shapes, std::vector<std::optional<HostArray>> buffers, nb::object to_host,
           nb::object from_host, const nb::dict& options)
       : buffers_(std::move(buffers)), to_host_(std::move(to_host)), from_host_(std::move(from_host)) {
     if (names.size() != shapes.size() || names.size() != buffers_.size())
@@ -106,16 +107,22 @@ class Runtime {
     o.client = text("client", "python");
     if (nb::handle endpoints = get("merger_endpoints"); endpoints.is_valid() && !endpoints.is_none())
       o.merger_endpoints = nb::cast<std::vector<std::string>>(endpoints);
+    if (nb::handle fragments = get("fragments"); fragments.is_valid() && !fragments.is_none())
+      o.fragments = nb::cast<std::vector<uint32_t>>(fragments);
     o.should_stop = [this] { return interrupted(); };
 
     std::vector<RegisteredTensor> tensors;
     for (size_t i = 0; i < names.size(); ++i) {
       int64_t numel = 1;
       for (int64_t d : shapes[i]) numel *= d;
-      if (static_cast<int64_t>(buffers_[i].size()) != numel)
-        throw InvalidInput("tensor '" + names[i] + "': its buffer holds " + std::to_string(buffers_[i].size()) +
+      if (!buffers_[i]) {  // a tensor of no fragment this learner takes part in (the runtime checks)
+        tensors.push_back(RegisteredTensor{names[i], shapes[i], nullptr});
+        continue;
+      }
+      if (static_cast<int64_t>(buffers_[i]->size()) != numel)
+        throw InvalidInput("tensor '" + names[i] + "': its buffer holds " + std::to_string(buffers_[i]->size()) +
                            " values, its shape " + std::to_string(numel));
-      tensors.push_back(RegisteredTensor{names[i], shapes[i], buffers_[i].data()});
+      tensors.push_back(RegisteredTensor{names[i], shapes[i], buffers_[i]->data()});
     }
     HostSync sync;
     if (!to_host_.is_none()) sync.to_host = [this](std::span<const uint32_t> t) { call(to_host_, t); };
@@ -218,7 +225,7 @@ class Runtime {
     throw e;
   }
 
-  std::vector<HostArray> buffers_;
+  std::vector<std::optional<HostArray>> buffers_;
   nb::object to_host_, from_host_;
   std::optional<nb::python_error> pending_;
   std::unique_ptr<LearnerRuntime> runtime_;
@@ -290,7 +297,7 @@ NB_MODULE(_core, m) {
 
   nb::class_<Runtime>(m, "Runtime")
       .def(nb::init<const std::string&, const std::vector<std::string>&, const std::vector<std::string>&,
-                    const std::vector<std::vector<int64_t>>&, std::vector<HostArray>, nb::object, nb::object,
+                    const std::vector<std::vector<int64_t>>&, std::vector<std::optional<HostArray>>, nb::object, nb::object,
                     const nb::dict&>(),
            nb::arg("config"), nb::arg("overrides"), nb::arg("names"), nb::arg("shapes"), nb::arg("buffers"),
            nb::arg("to_host").none(), nb::arg("from_host").none(), nb::arg("options"))
@@ -329,6 +336,29 @@ NB_MODULE(_core, m) {
       },
       nb::arg("config"), nb::arg("overrides"));
   m.def("default_bootstrap", &default_bootstrap_servers);
+  // The tensors (indices, model order) that hold values of the given fragments of the layout the
+  // config gives these tensors: those a learner of these fragments needs host buffers for.
+  m.def(
+      "tensors_of_fragments",
+      [](const std::string& path, const std::vector<std::string>& overrides, const std::vector<std::string>& names,
+         const std::vector<std::vector<int64_t>>& shapes, const std::vector<uint32_t>& fragments) {
+        if (names.size() != shapes.size()) throw InvalidInput("names and shapes must be lists of the same length");
+        std::vector<TensorSpec> specs;
+        for (size_t i = 0; i < names.size(); ++i) specs.push_back(TensorSpec{names[i], shapes[i]});
+        const FragmentLayout layout = partition_tensors(specs, load_config(path, overrides).diloco.fragments);
+        std::vector<bool> used(names.size(), false);
+        for (uint32_t p : fragments) {
+          if (p >= layout.num_fragments())
+            throw InvalidInput("fragment " + std::to_string(p) + " is not in the layout (fragments 0 to " +
+                               std::to_string(layout.num_fragments() - 1) + ")");
+          for (const auto& piece : layout.pieces[p]) used[piece.tensor] = true;
+        }
+        std::vector<uint32_t> out;
+        for (uint32_t t = 0; t < used.size(); ++t)
+          if (used[t]) out.push_back(t);
+        return out;
+      },
+      nb::arg("config"), nb::arg("overrides"), nb::arg("names"), nb::arg("shapes"), nb::arg("fragments"));
   m.def(
       "create_topics",
       [](const std::string& bootstrap, const std::string& run_id, const std::vector<std::string>& regions, int partitions) {

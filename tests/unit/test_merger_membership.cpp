@@ -86,3 +86,26 @@ TEST_CASE("membership keeps each learner's newest declared batch and context, pa
   m.observe("M0", 1'003'200, merger);
   CHECK_FALSE(m.declared("M0"));
 }
+
+TEST_CASE("a learner of some fragments is live for those alone", "[merger]") {
+  Membership m(15);
+  Member some = member("some", Role::Learner, 0);
+  some.owned_fragments = {2, 3};
+  Member all = member("all", Role::Learner, 0);
+  all.owned_fragments = {0, 1, 2, 3};
+  Member unlisted = member("old", Role::Learner, 0);  // lists no fragment: counts for every one
+  m.observe("some", 1'000'000, some);
+  m.observe("all", 1'000'000, all);
+  m.observe("old", 1'000'000, unlisted);
+  CHECK(m.live_learners() == std::vector<std::string>{"all", "old", "some"});
+  CHECK(m.live_learners(0) == std::vector<std::string>{"all", "old"});
+  CHECK(m.live_learners(3) == std::vector<std::string>{"all", "old", "some"});
+  // Its next heartbeat lists other fragments: those count from then on.
+  some.owned_fragments = {0};
+  m.observe("some", 1'001'000, some);
+  CHECK(m.live_learners(0) == std::vector<std::string>{"all", "old", "some"});
+  CHECK(m.live_learners(3) == std::vector<std::string>{"all", "old"});
+  // Gone (a tombstone): live for none.
+  m.observe("some", 1'002'000, std::nullopt);
+  CHECK(m.live_learners(0) == std::vector<std::string>{"all", "old"});
+}
