@@ -131,7 +131,7 @@ struct MergerConfig {
   uint32_t momentum_decay_from = 0;
   uint32_t momentum_decay_to = 0;
   double momentum_final = 0.5;
-  // Scale each merge's outer update by its share of a round (learners merged / learners live),
+  // Scale each merge's outer update by its share of a round (learners merged / live learners of the fragment),
   // so that a round of single-learner merges (quorum 1) adds up to one outer step.
   bool share_scaling = true;
   std::string rule = "rda";          // rda (radial-directional) | avg (weighted average)
