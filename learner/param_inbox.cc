@@ -140,9 +140,8 @@ void ParamInbox::run() {
       }
       if (h->second->checksum != it->second.second) {
         metrics_.add("params_checksum_mismatch_total", 1);
-        std::cerr << "learner: fragment " << it->first << " version " << it->second.first << ": held checksum "
-                  << h->second->checksum << ", the merger announces " << it->second.second << "; asking for a snapshot\n";
-        want(it->first, "the held version's checksum differs from the merger's");
+        want(it->first, detail::concat("version ", it->second.first, ": held checksum ", h->second->checksum,
+                                       ", the merger announces ", it->second.second));
       }
       it = announced_checksum.erase(it);  // checked once per announcement
     }
