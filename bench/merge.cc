@@ -4,7 +4,11 @@
 // range during the merge, as the merger holds them). Prints a Markdown table and checks that
 // every thread count and both input forms give the same checksum.
 //
-//   bench-merge [--params N] [--inputs K] [--runs R] [--threads "1 2"]
+//   bench-merge [--params N] [--inputs K] [--runs R] [--threads "1 2"] [--kept-aggregate V]
+//
+// --kept-aggregate: MergeOptions::kept_aggregate_values (default kKeptAggregateValues, 16 Mi):
+// RDA tensors above it are aggregated a range at a time, reading their inputs twice; 0 streams
+// every tensor, the cost a fragment of tensors above 16 Mi values pays.
 //
 // Data: --params values (default 2^25 = 32 Mi, 128 MiB of fp32) in transformer-like tensors
 // (an embedding, averaged; the rest RDA), gaussian deltas (seeded) quantized to int4; the fp32
@@ -89,7 +93,9 @@ int main(int argc, char** argv) {
   size_t params = size_t{1} << 25;
   int inputs = 4, runs = 5;
   std::string thread_list = "1 2";
-  const char* usage = "usage: bench-merge [--params N] [--inputs K] [--runs R] [--threads \"1 2\"]\n";
+  size_t kept_aggregate = kKeptAggregateValues;
+  const char* usage =
+      "usage: bench-merge [--params N] [--inputs K] [--runs R] [--threads \"1 2\"] [--kept-aggregate V]\n";
   if (argc % 2 == 0) {  // every option takes a value: an odd one out is --help or a mistake
     const bool help = !std::strcmp(argv[argc - 1], "--help") || !std::strcmp(argv[argc - 1], "-h");
     std::fputs(usage, help ? stdout : stderr);
@@ -100,6 +106,7 @@ int main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--inputs")) inputs = std::atoi(argv[i + 1]);
     else if (!std::strcmp(argv[i], "--runs")) runs = std::atoi(argv[i + 1]);
     else if (!std::strcmp(argv[i], "--threads")) thread_list = argv[i + 1];
+    else if (!std::strcmp(argv[i], "--kept-aggregate")) kept_aggregate = std::strtoull(argv[i + 1], nullptr, 10);
     else {
       std::fputs(usage, stderr);
       return 2;
@@ -153,9 +160,9 @@ int main(int argc, char** argv) {
                              {"int4/128 as sent", merge_inputs(as_sent), as_sent[0].bytes()}};
 
   std::printf("%zu parameters (%.1f MiB fp32) in %zu tensors, %d inputs, RadialDirectional + Nesterov, %d runs "
-              "(median), hardware threads %u\n\n",
+              "(median), hardware threads %u, RDA aggregates of up to %zu values held whole\n\n",
               params, static_cast<double>(params) * 4 / 1048576.0, layout.size(), inputs, runs,
-              std::thread::hardware_concurrency());
+              std::thread::hardware_concurrency(), kept_aggregate);
   std::vector<double> bandwidth;
   for (unsigned threads : thread_counts) {
     WorkPool pool(threads);
@@ -172,7 +179,7 @@ int main(int argc, char** argv) {
     for (const InputForm& form : forms) {
       for (size_t ti = 0; ti < thread_counts.size(); ++ti) {
         WorkPool pool(thread_counts[ti]);
-        MergeOptions o{.tensors = layout, .downlink = downlink, .pool = &pool};
+        MergeOptions o{.tensors = layout, .downlink = downlink, .pool = &pool, .kept_aggregate_values = kept_aggregate};
         o.hyper.lr = 0.7f;
         o.hyper.momentum = 0.9f;
         std::vector<double> seconds;

@@ -68,4 +68,28 @@ void aggregate_tensor(MergeRule rule, std::span<const TensorReader> deltas, std:
 void aggregate_tensor(MergeRule rule, std::span<const std::span<const float>> deltas,
                       std::span<const double> weights, std::span<float> out, const MergeWork& work = {});
 
+// The aggregate of one tensor a range at a time, so that a merge need hold no buffer of the
+// tensor: the constructor does what needs the whole tensor (for RDA: the deltas' norms, and the
+// norm of their weighted directions, computed piece by piece), values() gives any range of the
+// result. The weighted directions are kept in `keep` when it is given (the tensor's size), else
+// dropped and computed again from the deltas by values(): one more pass over the inputs instead
+// of 4 bytes per value (a plain average is computed once either way). The same bits as
+// aggregate_tensor (which is built on it) for any division into ranges. Views `deltas` and
+// `keep`: the caller keeps them alive. values() may be called from several threads at once.
+class TensorAggregate {
+ public:
+  TensorAggregate(MergeRule rule, std::span<const TensorReader> deltas, std::span<const double> weights,
+                  const MergeWork& work = {}, std::span<float> keep = {});
+  size_t size() const { return deltas_[0].size(); }
+  // Values [begin, end) of the aggregate into `out` (end - begin values).
+  void values(size_t begin, size_t end, std::span<float> out) const;
+
+ private:
+  std::span<const TensorReader> deltas_;
+  std::vector<float> coefficients_;  // per delta: its weight, or for RDA weight / norm
+  float scale_ = 1.0f;               // RDA: mean norm / norm of the weighted directions
+  bool scaled_ = false;
+  std::span<const float> kept_;      // RDA: the weighted directions, when kept
+};
+
 }  // namespace diloco

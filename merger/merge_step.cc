@@ -173,12 +173,17 @@ MergeRecord merge_checked(FragmentState& state, std::span<const MergeInput> inpu
   const uint64_t previous_version = state.version;
   state.version = previous_version + 1;
 
-  // One tensor at a time, in place: the only buffer beyond the state is the largest tensor's
-  // aggregate (4 bytes a value of it). Within a tensor, ranges of whole downlink blocks go to the
-  // pool's threads, each with the range's previous values and what is sent of it.
-  size_t largest = 0;
-  for (const auto& spec : layout) largest = std::max(largest, static_cast<size_t>(spec.numel()));
-  std::vector<float> update(largest);
+  // One tensor at a time, in place, a range at a time: beyond the state a merge holds a range's
+  // aggregate, previous values and what is sent of it per thread, and the weighted directions
+  // of an RDA tensor of at most options.kept_aggregate_values (a larger one's are computed again when
+  // stepped: TensorAggregate). Within a tensor, ranges of whole downlink blocks go to the
+  // pool's threads.
+  size_t kept = 0;
+  for (const auto& spec : layout)
+    if (static_cast<size_t>(spec.numel()) <= options.kept_aggregate_values &&
+        tensor_rule(options.rule, spec.name) == MergeRule::RadialDirectional)
+      kept = std::max(kept, static_cast<size_t>(spec.numel()));
+  std::vector<float> directions(kept);
   std::vector<TensorReader> deltas(inputs.size());
   const MergeWork work{.pool = options.pool, .norm_block = options.norm_block};
   const size_t align = feedback_alignment(options.downlink.dtype, options.downlink.block_size);
@@ -187,9 +192,10 @@ MergeRecord merge_checked(FragmentState& state, std::span<const MergeInput> inpu
     for (size_t i = 0; i < inputs.size(); ++i) deltas[i] = inputs[i].tensors.tensor(t);
     const std::span<float> params(state.params[t].values);
     const size_t n = params.size();
-    const std::span<float> out(update.data(), n);
-    aggregate_tensor(tensor_rule(options.rule, layout[t].name), std::span<const TensorReader>(deltas),
-                     checked.weights, out, work);
+    const TensorAggregate aggregate(tensor_rule(options.rule, layout[t].name), std::span<const TensorReader>(deltas),
+                                    checked.weights, work,
+                                    n <= kept ? std::span<float>(directions.data(), n) : std::span<float>());
+    DILOCO_ENFORCE_EQ(aggregate.size(), n);
     const std::span<float> outer = keeps_state ? std::span<float>(state.outer_state[t].values) : std::span<float>();
     const std::span<float> momentum(state.momentum[t].values);
     QuantizedTensor q;
@@ -199,17 +205,19 @@ MergeRecord merge_checked(FragmentState& state, std::span<const MergeInput> inpu
     for_ranges(options.pool, n, grain, [&](size_t, size_t b, size_t e) {
       const size_t len = e - b;
       const std::span<float> p = params.subspan(b, len);
-      thread_local std::vector<float> before, sent;  // this range's previous values, and what is sent
+      // This range's aggregate (then the step's change), previous values, and what is sent.
+      thread_local std::vector<float> update, before, sent, scratch;
+      update.resize(len);
+      aggregate.values(b, e, update);
       if (quantized) before.assign(p.begin(), p.end());
       outer_step(options.optimizer, options.hyper, state.version - state.optimizer_since, p, momentum.subspan(b, len),
-                 keeps_state ? outer.subspan(b, len) : std::span<float>(), out.subspan(b, len), checked.scale);
+                 keeps_state ? outer.subspan(b, len) : std::span<float>(), update, checked.scale);
       if (!quantized) return;
-      // The step's change (reusing `update`), quantized with the residual; the new version is the
-      // previous one plus what is sent.
-      for (size_t k = 0; k < len; ++k) out[b + k] = p[k] - before[k];
+      // The step's change, quantized with the residual; the new version is the previous one
+      // plus what is sent.
+      for (size_t k = 0; k < len; ++k) update[k] = p[k] - before[k];
       sent.resize(len);
-      thread_local std::vector<float> scratch;
-      feedback_range(q, out.first(n), state.downlink_residual[t].values, std::span<float>(sent), b, e, scratch,
+      feedback_range(q, update, state.downlink_residual[t].values, std::span<float>(sent), b, e, scratch,
                      options.downlink.topk);
       apply_update(before, sent, p);
     });

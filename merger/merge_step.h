@@ -29,6 +29,11 @@ struct MergeInput {
   DeltaView tensors;
 };
 
+// The largest tensor whose RDA aggregate a merge holds whole (16M values, 64 MiB): a larger
+// one is aggregated a range at a time, reading its inputs once more, so that the merge of a
+// fragment of any size needs no buffer of its largest tensor. Either way gives the same bits.
+inline constexpr size_t kKeptAggregateValues = size_t{1} << 24;
+
 struct MergeOptions {
   MergeRule rule = MergeRule::RadialDirectional;
   OuterOptimizerKind optimizer = OuterOptimizerKind::Nesterov;
@@ -59,6 +64,9 @@ struct MergeOptions {
   uint32_t norm_block = kNormBlock;
   // Threads that share the arithmetic (not recorded: they change no bit); null = the caller's.
   WorkPool* pool = nullptr;
+  // RDA tensors of at most this many values have their aggregate held whole during the step,
+  // larger ones are aggregated a range at a time (not recorded: it changes no bit).
+  size_t kept_aggregate_values = kKeptAggregateValues;
 };
 
 // The options a merge record was made with (rule, optimizer, hyper, share, staleness scale,

@@ -3,6 +3,9 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <cstring>
+#include <functional>
+#include <string>
 #include <limits>
 #include <random>
 #include <vector>
@@ -201,4 +204,110 @@ TEST_CASE("aggregate_tensor rejects malformed calls", "[merger]") {
   CHECK_THROWS_AS(aggregate_tensor(MergeRule::RadialDirectional, single, two, out),
                   InternalError);
   CHECK_THROWS_AS(aggregate_tensor(static_cast<MergeRule>(9), single, one, out), InternalError);
+}
+
+namespace {
+
+// The aggregate as a merge computed it while it held the tensor's weighted sum whole: the sum in
+// one buffer, its norm read from that buffer (l2_norm with the merge's norm_block), then scaled.
+// TensorAggregate never holds the sum; it must give these bits.
+Vec held_sum_aggregate(MergeRule rule, const std::vector<Vec>& deltas, const std::vector<double>& weights,
+                       const MergeWork& work) {
+  const size_t n = deltas[0].size();
+  const auto weighted = [&](const std::vector<float>& c) {
+    Vec out(n);
+    for (size_t k = 0; k < n; ++k) out[k] = c[0] * deltas[0][k];
+    for (size_t i = 1; i < deltas.size(); ++i)
+      for (size_t k = 0; k < n; ++k) out[k] += c[i] * deltas[i][k];
+    return out;
+  };
+  const std::vector<float> plain(weights.begin(), weights.end());
+  if (rule == MergeRule::WeightedAverage) return weighted(plain);
+  double mean_norm = 0, directed_weight = 0;
+  size_t directed = 0;
+  std::vector<float> c(deltas.size(), 0.0f);
+  for (size_t i = 0; i < deltas.size(); ++i) {
+    const double len = l2_norm(std::span<const float>(deltas[i]), work);
+    mean_norm += weights[i] * len;
+    if (len <= 1e-30 || weights[i] == 0) continue;
+    c[i] = static_cast<float>(weights[i] / len);
+    directed_weight += weights[i];
+    ++directed;
+  }
+  if (directed <= 1) return weighted(plain);
+  Vec out = weighted(c);
+  const double direction = l2_norm(std::span<const float>(out), work);
+  if (direction <= 1e-5 * directed_weight) return weighted(plain);
+  const auto scale = static_cast<float>(mean_norm / direction);
+  for (float& x : out) x *= scale;
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("TensorAggregate gives the bits of the weighted sum held whole, a range at a time", "[merger]") {
+  std::mt19937 rng(17);
+  // Longer than two norm blocks and not a multiple of one, so that blocks, pieces and the
+  // last short range all occur.
+  const size_t n = 2 * kNormBlock + 12'345;
+  for (const uint32_t norm_block : {0u, kNormBlock}) {
+    const MergeWork work{.norm_block = norm_block};
+    for (const auto& [what, make] : std::vector<std::pair<std::string, std::function<std::vector<Vec>()>>>{
+             {"three deltas", [&] { return std::vector<Vec>{random_vec(rng, n, 0.01f), random_vec(rng, n, 0.02f),
+                                                             random_vec(rng, n, 0.03f)}; }},
+             {"one direction and a zero delta", [&] { return std::vector<Vec>{random_vec(rng, n, 0.01f), Vec(n, 0.0f)}; }},
+             {"opposite deltas (cancelled)", [&] {
+                Vec a = random_vec(rng, n, 0.01f), b = a;
+                for (float& x : b) x = -x;
+                return std::vector<Vec>{a, b};
+              }}}) {
+      const std::vector<Vec> deltas = make();
+      std::vector<double> raw;
+      for (size_t i = 0; i < deltas.size(); ++i) raw.push_back(1.0 + static_cast<double>(i));
+      const auto weights = normalised_weights(raw);
+      const std::vector<TensorReader> readers(deltas.begin(), deltas.end());
+      for (auto rule : {MergeRule::RadialDirectional, MergeRule::WeightedAverage}) {
+        INFO(what << ", rule " << static_cast<int>(rule) << ", norm_block " << norm_block);
+        const Vec want = held_sum_aggregate(rule, deltas, weights, work);
+        const TensorAggregate aggregate(rule, readers, weights, work);
+        REQUIRE(aggregate.size() == n);
+        // Ranges of an odd length that starts anywhere, as no caller divides them.
+        Vec got(n, std::numeric_limits<float>::quiet_NaN());
+        for (size_t b = 0; b < n; b += 7'777) {
+          const size_t e = std::min(n, b + 7'777);
+          aggregate.values(b, e, std::span<float>(got).subspan(b, e - b));
+        }
+        REQUIRE(std::memcmp(got.data(), want.data(), n * sizeof(float)) == 0);
+        // With the weighted directions kept in a buffer instead of computed again.
+        Vec keep(n);
+        const TensorAggregate kept(rule, readers, weights, work, keep);
+        got.assign(n, std::numeric_limits<float>::quiet_NaN());
+        for (size_t b = 0; b < n; b += 7'777) {
+          const size_t e = std::min(n, b + 7'777);
+          kept.values(b, e, std::span<float>(got).subspan(b, e - b));
+        }
+        REQUIRE(std::memcmp(got.data(), want.data(), n * sizeof(float)) == 0);
+        Vec whole(n);
+        aggregate_tensor(rule, readers, weights, whole, work);
+        REQUIRE(std::memcmp(whole.data(), want.data(), n * sizeof(float)) == 0);
+      }
+    }
+  }
+}
+
+TEST_CASE("TensorAggregate refuses a range that does not fit", "[merger]") {
+  const Vec a{1, 2, 3};
+  const std::vector<TensorReader> readers{TensorReader(a)};
+  const std::vector<double> one{1.0};
+  const TensorAggregate aggregate(MergeRule::RadialDirectional, readers, one);
+  Vec out(2);
+  CHECK_THROWS_AS(aggregate.values(2, 4, out), InternalError);
+  CHECK_THROWS_AS(aggregate.values(0, 3, out), InternalError);
+  CHECK_NOTHROW(aggregate.values(1, 3, out));
+  CHECK(out == Vec{2, 3});
+  Vec small(2);
+  const Vec b{3, 2, 1};
+  const std::vector<TensorReader> two{TensorReader(a), TensorReader(b)};
+  const std::vector<double> halves{0.5, 0.5};
+  CHECK_THROWS_AS(TensorAggregate(MergeRule::RadialDirectional, two, halves, {}, small), InternalError);
 }

@@ -601,7 +601,7 @@ TEST_CASE("merge_step_in_place refuses inputs that do not fit before it writes a
   CHECK(state.downlink_residual.empty());
 }
 
-TEST_CASE("a merge has the same bits on 1 thread as on N, for every rule, optimizer and downlink", "[merger]") {
+TEST_CASE("a merge has the same bits on 1 thread as on N, and with its RDA aggregates held whole or streamed, for every rule, optimizer and downlink", "[merger]") {
   // Tensors of several norm blocks (one of an odd size), and one smaller than a block.
   const std::vector<TensorSpec> layout{{"blocks.0.w", {3, 100'001}},
                                        {"token_embedding", {2, 70'000}},
@@ -641,19 +641,22 @@ TEST_CASE("a merge has the same bits on 1 thread as on N, for every rule, optimi
         MergeOptions o = options(rule, optimizer);
         o.tensors = layout;
         o.downlink = downlink;
-        std::vector<FragmentState> states(3, start);
-        std::vector<std::vector<QuantizedTensor>> changes(3);
-        WorkPool* pools[] = {nullptr, &two, &five};
+        std::vector<FragmentState> states(4, start);
+        std::vector<std::vector<QuantizedTensor>> changes(4);
+        WorkPool* pools[] = {nullptr, &two, &five, &two};
         std::vector<MergeRecord> records;
-        for (size_t k = 0; k < 3; ++k) {
+        for (size_t k = 0; k < 4; ++k) {
           o.pool = pools[k];
+          // The last one aggregates every tensor a range at a time (the others hold them whole).
+          o.kept_aggregate_values = k == 3 ? 0 : kKeptAggregateValues;
           o.change = &changes[k];
           for (int merge = 0; merge < 2; ++merge) {  // the second one uses the residual and outer state
             for (auto& in : inputs) in.ref.staleness = states[k].version - in.ref.base_version;
             records.push_back(merge_step_in_place(states[k], inputs, o));
           }
         }
-        for (size_t k = 1; k < 3; ++k) {
+        for (size_t k = 1; k < 4; ++k) {
+          INFO("configuration " << k);
           CHECK(records[2 * k + 1].checksum == records[1].checksum);
           CHECK(records[2 * k + 1].norm_block == kNormBlock);
           CHECK(same_bits(states[k].params, states[0].params));
