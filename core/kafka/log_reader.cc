@@ -113,20 +113,24 @@ void LogReader::read_to_end(const std::vector<TopicPartitionOffset>& starts,
     if (on_problem)
       for (const auto& p : found) on_problem(p);
   };
-  const auto deadline = Clock::now() + std::chrono::milliseconds(timeout_ms);
+  // Timed out only when no message comes for timeout_ms: a long log (a checkpoint of several GB,
+  // each segment decoded as it comes) may take any time while it keeps arriving.
+  const auto wait = std::chrono::milliseconds(timeout_ms);
+  auto stalled_at = Clock::now() + wait;
   while (!consumer_.at_end()) {
-    if (Clock::now() > deadline)
-      throw Unavailable("reading " + starts.front().topic + " to its end took longer than " +
-                        std::to_string(timeout_ms) + " ms");
+    if (Clock::now() > stalled_at)
+      throw Unavailable("no message from " + starts.front().topic + " for " + std::to_string(timeout_ms) +
+                        " ms while reading it to its end");
     auto message = consumer_.poll(200);
     if (!message) continue;
     if (!assembler) {
       on_message(*message);
-      continue;
+    } else {
+      auto result = assembler->add(std::move(*message));
+      problems(result.problems);
+      if (result.message) on_message(*result.message);
     }
-    auto result = assembler->add(std::move(*message));
-    problems(result.problems);
-    if (result.message) on_message(*result.message);
+    stalled_at = Clock::now() + wait;
   }
   if (assembler) problems(assembler->finish());
 }
@@ -156,15 +160,18 @@ std::vector<ConsumedMessage> LogReader::fetch(const std::vector<TopicPartitionOf
       if (head.topic == partition.first && head.partition == partition.second) return true;
     return false;
   };
-  const auto deadline = Clock::now() + std::chrono::milliseconds(timeout_ms);
+  // As read_to_end: timed out only when no message comes for timeout_ms.
+  const auto wait = std::chrono::milliseconds(timeout_ms);
+  auto stalled_at = Clock::now() + wait;
   size_t remaining = positions.size();
   std::set<std::pair<std::string, int32_t>> done;
   while (remaining > 0 && done.size() < wanted.size() && !consumer_.at_end()) {
-    if (Clock::now() > deadline)
-      throw Unavailable("fetching " + std::to_string(remaining) + " logged messages took longer than " +
-                        std::to_string(timeout_ms) + " ms");
+    if (Clock::now() > stalled_at)
+      throw Unavailable("no message for " + std::to_string(timeout_ms) + " ms while fetching " +
+                        std::to_string(remaining) + " logged messages");
     auto message = consumer_.poll(200);
     if (!message) continue;
+    stalled_at = Clock::now() + wait;
     // Read before the message is moved on.
     const std::pair<std::string, int32_t> partition{message->topic, message->partition};
     const int64_t offset = message->offset;

@@ -46,13 +46,15 @@ class LogReader {
   // Every committed message of the partitions from their offsets (-2: beginning) up to their
   // end as of the call. With `chunks` (the run's limits), chunked messages are handed on whole at
   // their first piece and what does not reassemble goes to `on_problem`. Throws Unavailable when
-  // the read takes longer than timeout_ms.
+  // no message arrives for timeout_ms (time spent in on_message not counted): a long log that
+  // keeps arriving is read whatever it takes in all.
   void read_to_end(const std::vector<TopicPartitionOffset>& starts,
                    const std::function<void(const ConsumedMessage&)>& on_message, int timeout_ms,
                    const DecodeLimits* chunks = nullptr, const OnChunkProblem& on_problem = {});
 
   // The committed messages at exactly these positions (missing ones are absent). With `chunks`,
-  // a position naming the first piece of a chunked message gives the whole message.
+  // a position naming the first piece of a chunked message gives the whole message. Throws
+  // Unavailable when no message arrives for timeout_ms.
   std::vector<ConsumedMessage> fetch(const std::vector<TopicPartitionOffset>& positions, int timeout_ms,
                                      const DecodeLimits* chunks = nullptr);
 

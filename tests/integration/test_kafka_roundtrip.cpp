@@ -9,6 +9,7 @@
 #include <optional>
 #include <random>
 #include <set>
+#include <thread>
 #include <tuple>
 
 #include "core/codec/messages.h"
@@ -389,6 +390,37 @@ TEST_CASE("one LogReader serves reads to the end, ranges and positions through o
   CHECK(reader.offset_at_time(topic, 0, t, 10000) == std::optional<int64_t>(first_at_t));
   CHECK(reader.offset_at_time(topic, 0, 0, 10000) == std::optional<int64_t>(0));
   CHECK_FALSE(reader.offset_at_time(topic, 0, *std::max_element(stamps.begin(), stamps.end()) + 1, 10000));
+}
+
+TEST_CASE("a read to the end that keeps receiving is never timed out, however long it takes in all",
+          "[kafka][logreader]") {
+  // A merger's recovery reads a checkpoint of several GB from `state`, decoding each segment as
+  // it comes: the read takes longer in all than its timeout while every message arrives at once.
+  // The timeout is for a log that stops answering, not for a long one.
+  KafkaOptions kafka = testing::require_broker();
+  std::string run = testing::unique_run_id("longread");
+  RunTopics topics = testing::create_run(kafka, run, {"r0"}, 1);
+  const std::string topic = topics.deltas("r0");
+  Producer producer({.kafka = kafka}, nullptr);
+  constexpr int kMessages = 12;
+  for (int i = 0; i < kMessages; ++i) {
+    const std::vector<uint8_t> bytes(1000, static_cast<uint8_t>(i));
+    producer.produce({.topic = topic, .partition = 0, .key = "k", .value = bytes}, i + 1, 10000);
+  }
+  REQUIRE(producer.flush(30000) == 0);
+  LogReader reader(kafka);
+  constexpr int kTimeoutMs = 1000;
+  int seen = 0;
+  const auto t0 = std::chrono::steady_clock::now();
+  // Each message takes 250 ms to handle: 3 s in all, three times the timeout.
+  CHECK_NOTHROW(reader.read_to_end({{topic, 0, -2}},
+                                   [&](const ConsumedMessage&) {
+                                     ++seen;
+                                     std::this_thread::sleep_for(250ms);
+                                   },
+                                   kTimeoutMs));
+  CHECK(seen == kMessages);
+  CHECK(std::chrono::steady_clock::now() - t0 > 2 * std::chrono::milliseconds(kTimeoutMs));
 }
 
 TEST_CASE("a topic that appears while a process looks for it is found, and one that never does is reported missing",
