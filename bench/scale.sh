@@ -5,14 +5,15 @@
 # start and one that joins after the last merge (the late joiner). Every version a subscriber
 # reconstructs is checked against the merge log's checksum, and diloco-replay verifies every
 # version. Records per case: parameters merged per second per instance, the peak RSS of every
-# process (ps, every 0.5 s; diloco-replay's audit and verify from getrusage), bytes per parameter up (deltas) and down (what the first subscriber
+# process (ps, every 0.5 s, also written as a timeline, `rss-timeline`: unix time, name, KiB;
+# `peaks-rounds`: the peaks before the late joiner; diloco-replay's audit and verify from getrusage), bytes per parameter up (deltas) and down (what the first subscriber
 # received over ZeroMQ, per version it holds), the late joiner's time to hold every fragment, and
 # where a merge's time goes (the merge events' timings). With --tensors, the newest version is
 # also rebuilt whole and fragment by fragment, and the two compared (rebuild_check).
 #
 #   bench/scale.sh [--width 1024] [--layers 8] [--fragments 8] [--learners 2] [--rounds 3]
 #                  [--pace 0] [--instances "1 2"] [--tensors SPEC] [--only LIST] [--checkpoint-every 1000]
-#                  [--learner fake|runtime] [--bin-dir DIR] [--keep] [--keep-topics]
+#                  [--learner fake|runtime] [--restart] [--bin-dir DIR] [--keep] [--keep-topics]
 #
 # The model is configs/tiny.toml widened (--width, --layers; heads 16): about 12 x width^2 x layers
 # parameters; or, with --tensors "embed=128256x4096,...", those tensors, a tensor larger than a
@@ -26,13 +27,16 @@
 # first subscriber with one process of the real learner runtime (bench-runtime_learner: --learners 1,
 # diloco.wait_steps 0 so that every delta is merged on the version of the one before): it proposes
 # version 0 itself, cuts with error feedback, and adopts every version, which is checked where it
-# lands (the fragment's values in its buffers against the merge log). Needs a running broker (scripts/broker start) and the build (build/bin or --bin-dir).
+# lands (the fragment's values in its buffers against the merge log). --restart: once the mergers
+# stopped, each is started again and must recover every fragment it owned at the newest version
+# with the merge log's checksum, from its newest checkpoint (with --checkpoint-every: one above
+# 2 GiB read back at full size) and the merge records after it. Needs a running broker (scripts/broker start) and the build (build/bin or --bin-dir).
 # Kills every process it started on exit; deletes the topics of its runs unless --keep-topics.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BIN="${DILOCO_BIN_DIR:-$ROOT/build/bin}"
 BOOTSTRAP="${DILOCO_BOOTSTRAP:-127.0.0.1:19092}"
-width=1024 layers=8 fragments=8 learners=2 rounds=3 pace=0 instances="1 2" keep=0 keep_topics=0 tensors="" checkpoint_every=1000 only="" learner=fake
+width=1024 layers=8 fragments=8 learners=2 rounds=3 pace=0 instances="1 2" keep=0 keep_topics=0 tensors="" checkpoint_every=1000 only="" learner=fake restart=0
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --width) width="$2"; shift 2 ;;
@@ -49,7 +53,8 @@ while [[ $# -gt 0 ]]; do
     --keep-topics) keep_topics=1; shift ;;
     --only) only="$2"; shift 2 ;;
     --learner) learner="$2"; shift 2 ;;
-    -h|--help) sed -n '2,26p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --restart) restart=1; shift ;;
+    -h|--help) sed -n '2,31p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "scale.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -146,6 +151,7 @@ scale_case() {  # instances
         case "$args" in *produce_deltas*--genesis*) name="genesis-proposer" ;; *runtime_learner*) name="learner-runtime" ;; esac
         [[ "$args" == *"$run"* || "$name" == java ]] || continue
         (( rss > ${peak[$name]:-0} )) && peak[$name]=$rss
+        echo "$(date +%s.%N) $name $rss" >> "$dir/rss-timeline"
       done < <(ps -eo rss=,args= | grep -E "diloco-merger|bench-|java.*kafka" | grep -v grep || true)
       for k in "${!peak[@]}"; do echo "$k ${peak[$k]}"; done > "$dir/peaks.tmp" && mv "$dir/peaks.tmp" "$dir/peaks"
       sleep 0.5
@@ -193,6 +199,9 @@ scale_case() {  # instances
   # The first subscriber takes the last versions, then stops before the late joiner starts, so
   # that the two do not hold the model at once.
   sleep 3
+  # The peaks so far: the rounds (version 0, the merges, the updates), before any snapshot is
+  # asked for by the late joiner.
+  cp "$dir/peaks" "$dir/peaks-rounds" 2>/dev/null || true
   [[ -z "$sub" ]] || stop_pid "$sub" || true
   # The late joiner: starts after the last merge and must get a snapshot of every fragment.
   "$BIN/bench-subscribe" -c "$config" "${rs[@]}" "${model[@]}" --bootstrap "$BOOTSTRAP" --summary "$dir/subscriber-late.json" \
@@ -203,6 +212,23 @@ scale_case() {  # instances
   stop_pid "$late" || true
   for p in "${mergers[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
   for p in "${mergers[@]}"; do stop_pid "$p"; done
+  if ((restart)); then
+    # Each merger again, from its checkpoint and the records after it, until it recovered every
+    # fragment (the `recovered` events of its second start, checked below against the merge log).
+    for ((i = 0; i < n; i++)); do
+      local lines; lines=$(wc -l < "$dir/M$i/metrics.jsonl")
+      "$BIN/diloco-merger" -c "$config" "${rs[@]}" --id "M$i" --bootstrap "$BOOTSTRAP" --run-dir "$dir/M$i" \
+        >"$dir/M$i-restart.log" 2>&1 &
+      local again=$!; PIDS+=("$again")
+      for _ in $(seq 1 2400); do  # "owns fragments ... (recovered in S s)" once it rebuilt them
+        grep -q "owns fragments" "$dir/M$i-restart.log" && break
+        kill -0 "$again" 2>/dev/null || break
+        sleep 0.5
+      done
+      tail -n +"$((lines + 1))" "$dir/M$i/metrics.jsonl" | grep '"event":"recovered"' > "$dir/M$i-recovered.jsonl" || true
+      kill -TERM "$again" 2>/dev/null || true; stop_pid "$again" || true
+    done
+  fi
   kill "$sampler" 2>/dev/null || true; forget "$sampler"
   with_peak "$dir/peaks" replay-audit "$BIN/diloco-replay" -c "$config" "${rs[@]}" --bootstrap "$BOOTSTRAP" --run "$run" \
     audit --json > "$dir/audit.json" || rc=1
@@ -263,8 +289,23 @@ for f in sorted(glob.glob(f"{d}/M*/metrics.jsonl")):
           f"(arithmetic {parts['merge']:.1f} s, {inputs / max(1e-9, parts['merge']) / 1e6:.0f}M delta parameters/s; "
           f"record and checkpoint commit {parts['commit']:.1f} s; publish {parts['publish']:.1f} s); "
           f"{len(rec)} fragments recovered, version 0 of {len(genesis)} committed")
+for f in sorted(glob.glob(f"{d}/M*-recovered.jsonl")):  # --restart
+    rec = [json.loads(l) for l in open(f)]
+    newest = {}
+    for (p, v) in truth:
+        newest[p] = max(newest.get(p, -1), v)
+    got = {r["fragment"]: r for r in rec}
+    wrong = [p for p in newest if p not in got or (got[p]["version"], got[p]["checksum"]) != (newest[p], truth[(p, newest[p])])]
+    ok = ok and bool(rec) and not wrong
+    print(f"  {os.path.basename(f).split('-')[0]} restarted: {len(rec)} fragments recovered "
+          + ", ".join(f"{r['fragment']} at version {r['version']} from a checkpoint of {r['checkpoint_pieces']} pieces "
+                      f"and {r['replayed']} records" for r in rec)
+          + f"; {len(wrong)} not at the newest version with the merge log's checksum")
 peaks = dict(l.split() for l in open(f"{d}/peaks")) if os.path.exists(f"{d}/peaks") else {}
 print("  peak RSS: " + ", ".join(f"{k} {int(v) // 1024} MiB" for k, v in sorted(peaks.items())))
+rounds = dict(l.split() for l in open(f"{d}/peaks-rounds")) if os.path.exists(f"{d}/peaks-rounds") else {}
+print("  peak RSS in the rounds (before the late joiner asked for snapshots): " +
+      ", ".join(f"{k} {int(v) // 1024} MiB" for k, v in sorted(rounds.items())))
 print(f"  produce to last merge: {t1 - t0:.1f} s; {'PASS' if ok else 'FAIL'}")
 sys.exit(0 if ok else 1)
 PY

@@ -149,7 +149,8 @@ void MergerProcess::recover(const std::set<int32_t>& partitions) {
                                                   r.state.merged_bases, input_bounds());
       f.state = std::move(r.state);
       state_pieces_[p] = r.state_pieces;
-      log({{"event", "recovered"}, {"fragment", p}, {"version", f.state.version}, {"replayed", r.replayed.size()}});
+      log({{"event", "recovered"}, {"fragment", p}, {"version", f.state.version}, {"checksum", f.state.checksum},
+           {"replayed", r.replayed.size()}, {"checkpoint_pieces", r.state_pieces}});
       book_.owned[p] = std::move(f);
       metrics_.set("fragment_version", static_cast<double>(book_.owned[p].state.version),
                    {{"fragment", std::to_string(p)}});
