@@ -1,6 +1,7 @@
 #include "merger/recovery.h"
 
 #include <algorithm>
+#include <optional>
 
 #include "core/fragments/message_budget.h"
 #include "core/fragments/partition.h"
@@ -110,7 +111,9 @@ std::shared_ptr<const FragmentLayout> read_run_layout(const KafkaOptions& kafka,
                                                       const RunConfig& config, int timeout_ms) {
   DecodeLimits any{.run_id = config.run.id, .max_message_bytes = kMaxLogicalMessageBytes,
                    .max_decompressed_bytes = kMaxLogicalMessageBytes};
-  StateScan scan = read_states(kafka, topics, any, config.diloco.fragments, timeout_ms);
+  // The parameters alone: the momentum and residual of every checkpoint (8 bytes a parameter
+  // more, twice while a newer checkpoint of a fragment is read) would be decoded for nothing.
+  StateScan scan = read_states(kafka, topics, any, config.diloco.fragments, timeout_ms, StateParts::ParamsOnly);
   std::shared_ptr<const FragmentLayout> out;
   for (const auto& [p, state] : scan.latest) {
     if (!out) out = state.layout;
@@ -254,27 +257,19 @@ std::map<uint32_t, RecoveredFragment> recover_partition(const LogContext& contex
                       std::to_string(ctx.stable_wait_ms) + " ms: another merger is writing this partition, " +
                       "or the broker has not yet aborted a killed merger's transaction");
   }
-  // Newest checkpoint of each fragment (the topic is compacted by fragment id, but until the
-  // cleaner runs older versions are still there: keep the highest).
-  CheckpointReader checkpoints(ctx.limits);
-  ctx.reader->read_to_end(
-      {{ctx.topics.state(), partition, -2}},
-      [&](const ConsumedMessage& m) {
-        if (m.tombstone) return;
-        try {
-          auto read = checkpoints.add(m);
-          if (!read) return;
-          FragmentState& s = read->state;
-          auto it = out.find(s.fragment);
-          if (it != out.end() && (it->second.state.run_id.empty() || s.version >= it->second.state.version)) {
-            it->second.state = std::move(s);
-            it->second.state_pieces = read->records;
-          }
-        } catch (const Rejection&) {
-          // A corrupt checkpoint is skipped: an older one plus the merge log rebuilds the same.
-        }
-      },
-      ctx.timeout_ms, &ctx.limits);
+  // Newest checkpoint of each fragment, never two of one fragment held at once; read again
+  // keeping the older ones in the rare case that a newer one begun did not complete.
+  std::optional<NewestCheckpoints> checkpoints;
+  for (const bool let_go_early : {true, false}) {
+    checkpoints.emplace(ctx.limits, fragments, let_go_early);
+    ctx.reader->read_to_end({{ctx.topics.state(), partition, -2}},
+                            [&](const ConsumedMessage& m) { checkpoints->add(m); }, ctx.timeout_ms, &ctx.limits);
+    if (checkpoints->complete()) break;
+  }
+  for (auto& [p, read] : checkpoints->newest()) {
+    out[p].state = std::move(read.state);
+    out[p].state_pieces = read.records;
+  }
   for (auto& [p, f] : out) {
     if (f.state.run_id.empty())
       f.awaiting_genesis = true;

@@ -733,6 +733,7 @@ std::optional<FragmentState> FragmentStateAssembler::add_opened(std::span<const 
   if (cursor_.next == 0) {
     read_state_head(m, limits_, state_, specs_);
     begin_segments(cursor_, s, specs_values(*specs_));
+    if (on_begin_) on_begin_(state_);
     for (size_t l = 0; l < lists.size(); ++l) {
       lists_[l] = has_tensors(lists[l]);
       if (lists_[l] && (l == 0 || parts_ == StateParts::All)) size_as_layout(*specs_, *into[l]);

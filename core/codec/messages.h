@@ -391,12 +391,17 @@ class FragmentStateAssembler {
   bool pending() const { return cursor_.next != 0; }
   // Drops the checkpoint begun.
   void reset();
+  // Called at segment 0 of a streamed checkpoint, with its bookkeeping read (fragment, version,
+  // ...; no tensors), before any of its values are held: a reader keeping the newest checkpoint
+  // of a fragment can let go of an older one first, so that the two are never held at once.
+  void on_begin(std::function<void(const FragmentState& head)> hook) { on_begin_ = std::move(hook); }
 
  private:
   std::optional<FragmentState> add_opened(std::span<const uint8_t> bytes);
 
   DecodeLimits limits_;
   StateParts parts_;
+  std::function<void(const FragmentState&)> on_begin_;
   FragmentState state_;
   const std::vector<TensorSpec>* specs_ = nullptr;
   SegmentCursor cursor_;

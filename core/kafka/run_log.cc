@@ -46,6 +46,41 @@ std::optional<CheckpointReader::Checkpoint> CheckpointReader::finish(const Consu
   return Checkpoint{.state = std::move(*state), .position = first_, .records = records_};
 }
 
+NewestCheckpoints::NewestCheckpoints(DecodeLimits limits, std::span<const uint32_t> fragments, bool let_go_early)
+    : reader_(std::move(limits)), fragments_(fragments.begin(), fragments.end()) {
+  if (!let_go_early) return;
+  reader_.on_begin([this](const FragmentState& head) {
+    auto it = newest_.find(head.fragment);
+    if (it == newest_.end() || head.version < it->second.state.version) return;
+    uint64_t& version = let_go_[head.fragment];
+    version = std::max(version, it->second.state.version);
+    newest_.erase(it);
+  });
+}
+
+void NewestCheckpoints::add(const ConsumedMessage& m) {
+  if (m.tombstone) return;
+  try {
+    auto read = reader_.add(m);
+    if (!read || !fragments_.count(read->state.fragment)) return;
+    auto it = newest_.find(read->state.fragment);
+    if (it == newest_.end())
+      newest_.emplace(read->state.fragment, std::move(*read));
+    else if (read->state.version >= it->second.state.version)
+      it->second = std::move(*read);
+  } catch (const Rejection&) {
+    ++rejected_;
+  }
+}
+
+bool NewestCheckpoints::complete() const {
+  for (const auto& [p, version] : let_go_) {
+    const auto it = newest_.find(p);
+    if (it == newest_.end() || it->second.state.version < version) return false;
+  }
+  return true;
+}
+
 namespace {
 
 // Keeps the highest version of each fragment among the records read.

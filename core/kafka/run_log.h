@@ -4,6 +4,8 @@
 #pragma once
 
 #include <map>
+#include <set>
+#include <span>
 
 #include "core/codec/messages.h"
 #include "core/kafka/options.h"
@@ -60,6 +62,8 @@ class CheckpointReader {
   // before the first record read (a read from the middle of the log) is skipped (nullopt); a
   // streamed checkpoint cut short by a record that starts another is given up for the newer one.
   std::optional<Checkpoint> add(const ConsumedMessage& m);
+  // FragmentStateAssembler::on_begin: a streamed checkpoint begins (before its values are held).
+  void on_begin(std::function<void(const FragmentState& head)> hook) { assembler_.on_begin(std::move(hook)); }
 
  private:
   std::optional<Checkpoint> finish(const ConsumedMessage& m, std::optional<FragmentState> state, bool continued);
@@ -67,6 +71,34 @@ class CheckpointReader {
   FragmentStateAssembler assembler_;
   LogPosition first_;
   uint32_t records_ = 0;
+};
+
+// The newest checkpoint of each of some fragments, from the `state` records of their partition
+// in log order (the topic is compacted by key, but until the cleaner runs older checkpoints are
+// still there). With `let_go_early`, when a streamed checkpoint of a fragment begins with a
+// version at least the one held, the one held is let go before the new one's values are read, so
+// that two checkpoints of a fragment (12 bytes a parameter each) are never held at once; should
+// the new one then not complete (cut short, corrupt), complete() is false and the caller reads
+// again without it. Records that fail strict decoding are counted and skipped (an older
+// checkpoint plus the merge log rebuilds the same).
+class NewestCheckpoints {
+ public:
+  NewestCheckpoints(DecodeLimits limits, std::span<const uint32_t> fragments, bool let_go_early);
+  NewestCheckpoints(const NewestCheckpoints&) = delete;  // its reader calls back into it
+  NewestCheckpoints& operator=(const NewestCheckpoints&) = delete;
+  void add(const ConsumedMessage& m);
+  // False when a checkpoint was let go of for a newer one that never completed.
+  bool complete() const;
+  // The newest checkpoint read of each fragment asked for (absent: none).
+  std::map<uint32_t, CheckpointReader::Checkpoint>& newest() { return newest_; }
+  uint64_t rejected() const { return rejected_; }
+
+ private:
+  CheckpointReader reader_;
+  std::set<uint32_t> fragments_;
+  std::map<uint32_t, CheckpointReader::Checkpoint> newest_;
+  std::map<uint32_t, uint64_t> let_go_;  // fragment -> the newest version let go of
+  uint64_t rejected_ = 0;
 };
 
 class Consumer;

@@ -86,7 +86,8 @@ TEST_CASE("streamed checkpoints: written in segments, recovered from, joined fro
   CHECK(versions >= 8);
 
   // A merger started again recovers every fragment from its streamed checkpoint (a version above
-  // 0, nothing to replay: every merge wrote one) and goes on merging; a second learner joins.
+  // 0, nothing to replay: every merge wrote one; the older checkpoints still on the partition are
+  // each let go of as the next one begins) and goes on merging; a second learner joins.
   auto again = testing::start_merger(r.kafka, r.dir, "M0", r.sets, "B");
   testing::ChildProcess joiner(learner_args(r, "L1"), r.dir + "/L1.log");
   const std::string log_b = r.dir + "/B/metrics.jsonl";
@@ -96,6 +97,8 @@ TEST_CASE("streamed checkpoints: written in segments, recovered from, joined fro
     INFO(e.dump());
     const uint32_t p = e.at("fragment").get<uint32_t>();
     CHECK(e.at("version").get<uint64_t>() == scan.latest.at(p).version);
+    CHECK(e.at("checksum").get<uint64_t>() == scan.latest.at(p).checksum);
+    CHECK(e.at("checkpoint_pieces").get<uint32_t>() >= 20);
   }
   REQUIRE(testing::eventually([&] { return events(r.dir + "/L1/metrics.jsonl", "delta").size() >= 4; }, 120s));
   REQUIRE(testing::eventually([&] { return events(log_b, "merge").size() >= 8; }, 120s));

@@ -12,6 +12,8 @@
 #include "core/codec/compress.h"
 #include "core/codec/messages.h"
 #include "core/fragments/partition.h"
+#include "core/kafka/consumer.h"
+#include "core/kafka/run_log.h"
 #include "schemas/fragment_state_generated.h"
 #include "tests/rejection.h"
 
@@ -630,5 +632,106 @@ TEST_CASE("streamed proposals: bounded, strict, and dropped on a rejection", "[c
     for (size_t i = 0; i + 1 < bad.size(); ++i) CHECK_FALSE(assembler.add(bad[i]).has_value());
     CHECK_REJECTS(assembler.add(bad.back()), CorruptFrame);
     CHECK(assembler.pending() == 0);
+  }
+}
+
+namespace {
+
+std::vector<ConsumedMessage> records_of(const std::vector<std::vector<uint8_t>>& segments, int64_t& offset) {
+  std::vector<ConsumedMessage> out;
+  for (const auto& bytes : segments) {
+    ConsumedMessage m;
+    m.topic = "diloco.run-1.state";
+    m.partition = 0;
+    m.offset = offset++;
+    m.value = bytes;
+    out.push_back(std::move(m));
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("a streamed checkpoint's beginning is told before any of its values are held", "[codec][segments]") {
+  const auto layout = make_layout();
+  FragmentStateAssembler assembler(limits_for(layout));
+  struct Begun {
+    uint32_t fragment;
+    uint64_t version;
+    bool holds_values;
+  };
+  std::vector<Begun> begun;
+  assembler.on_begin([&](const FragmentState& head) {
+    begun.push_back({head.fragment, head.version, !head.params.empty() || !head.momentum.empty()});
+  });
+  const auto streamed = segments_of(make_state(layout, 4), 160);
+  REQUIRE(streamed.size() == 16);
+  for (size_t i = 0; i < streamed.size(); ++i) {
+    (void)assembler.add(streamed[i]);
+    CHECK(begun.size() == 1);  // at segment 0 only
+  }
+  CHECK(begun[0].fragment == 0);
+  CHECK(begun[0].version == 4);
+  CHECK_FALSE(begun[0].holds_values);
+  // A checkpoint in one message is not streamed: nothing begins, it is whole at once.
+  const auto whole = segments_of(make_state(layout, 6), 154 * 16);
+  REQUIRE(whole.size() == 1);
+  CHECK(assembler.add(whole[0]).has_value());
+  CHECK(begun.size() == 1);
+}
+
+TEST_CASE("the newest checkpoint of a fragment: the one held is let go when a newer one begins", "[codec][segments]") {
+  const auto layout = make_layout();
+  const FragmentState v3 = make_state(layout, 3), v5 = make_state(layout, 5);
+  int64_t offset = 0;
+  const auto older = records_of(segments_of(v3, 160), offset);
+  const auto newer = records_of(segments_of(v5, 160), offset);
+  const std::vector<uint32_t> fragments{0};
+
+  SECTION("a newer one that completes replaces it, never held beside it") {
+    NewestCheckpoints newest(limits_for(layout), fragments, true);
+    for (const auto& m : older) newest.add(m);
+    REQUIRE(newest.newest().count(0) == 1);
+    CHECK(newest.newest().at(0).state.version == 3);
+    newest.add(newer[0]);
+    CHECK(newest.newest().count(0) == 0);  // let go before version 5's values were read
+    for (size_t i = 1; i < newer.size(); ++i) newest.add(newer[i]);
+    CHECK(newest.complete());
+    REQUIRE(newest.newest().count(0) == 1);
+    const auto& got = newest.newest().at(0);
+    CHECK(got.state.version == 5);
+    CHECK(got.position.offset == newer[0].offset);
+    CHECK(got.records == newer.size());
+    CHECK(got.state.params[0].values == v5.params[0].values);
+  }
+  SECTION("a newer one cut short: not complete, and read again keeping the older one, it is found") {
+    NewestCheckpoints newest(limits_for(layout), fragments, true);
+    for (const auto& m : older) newest.add(m);
+    for (size_t i = 0; i < 8; ++i) newest.add(newer[i]);
+    CHECK_FALSE(newest.complete());
+    NewestCheckpoints again(limits_for(layout), fragments, false);
+    for (const auto& m : older) again.add(m);
+    for (size_t i = 0; i < 8; ++i) again.add(newer[i]);
+    CHECK(again.complete());
+    REQUIRE(again.newest().count(0) == 1);
+    CHECK(again.newest().at(0).state.version == 3);
+    CHECK(again.newest().at(0).state.params[0].values == v3.params[0].values);
+  }
+  SECTION("an older one that begins after a newer one lets nothing go") {
+    NewestCheckpoints newest(limits_for(layout), fragments, true);
+    for (const auto& m : newer) newest.add(m);
+    newest.add(older[0]);
+    REQUIRE(newest.newest().count(0) == 1);
+    CHECK(newest.newest().at(0).state.version == 5);
+    for (size_t i = 1; i < older.size(); ++i) newest.add(older[i]);
+    CHECK(newest.complete());
+    CHECK(newest.newest().at(0).state.version == 5);
+  }
+  SECTION("a fragment not asked for is not kept") {
+    const std::vector<uint32_t> other{1};
+    NewestCheckpoints newest(limits_for(layout), other, true);
+    for (const auto& m : older) newest.add(m);
+    CHECK(newest.newest().empty());
+    CHECK(newest.complete());
   }
 }
