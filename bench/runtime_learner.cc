@@ -80,7 +80,7 @@ long max_rss_kib() {
 
 int main(int argc, char** argv) {
   CLI::App app{"bench-runtime_learner: the learner runtime over a bench layout, with a fake inner step"};
-  std::string config_file, region = "r0", summary, run_dir, tensors, only, learner_id = "rt-0";
+  std::string config_file, region = "r0", summary, run_dir, tensors, only, learner_id = "rt-0", spill_dir;
   std::string bootstrap = default_bootstrap_servers();
   std::vector<std::string> overrides;
   uint64_t rounds = 2;
@@ -95,6 +95,8 @@ int main(int argc, char** argv) {
   app.add_option("--bootstrap", bootstrap, "Kafka bootstrap servers")->capture_default_str();
   app.add_option("--run-dir", run_dir, "the runtime's metrics.jsonl goes here");
   app.add_option("--summary", summary, "write a JSON summary here");
+  app.add_option("--spill-dir", spill_dir,
+                 "keep the residuals and the values at a cut in files here, not in memory (RuntimeOptions::spill_dir)");
   app.add_option("--linger", linger, "seconds to wait after the last step for the versions of the last cuts")
       ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
@@ -137,7 +139,8 @@ int main(int argc, char** argv) {
                            .kafka = {.bootstrap_servers = bootstrap, .client_id = learner_id},
                            .steps = static_cast<int64_t>(rounds * config.diloco.H),
                            .run_dir = run_dir, .client = "bench-runtime_learner",
-                           .should_stop = [] { return stop_requested().load(); }, .fragments = fragments};
+                           .should_stop = [] { return stop_requested().load(); }, .fragments = fragments,
+                           .spill_dir = spill_dir};
     LearnerRuntime runtime(std::move(options), registered);
     if (!runtime.start()) return 0;
     const uint64_t tokens = static_cast<uint64_t>(config.train.batch) * static_cast<uint64_t>(config.model.context);

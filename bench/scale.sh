@@ -13,7 +13,7 @@
 #
 #   bench/scale.sh [--width 1024] [--layers 8] [--fragments 8] [--learners 2] [--rounds 3]
 #                  [--pace 0] [--instances "1 2"] [--tensors SPEC] [--only LIST] [--checkpoint-every 1000]
-#                  [--learner fake|runtime] [--restart] [--bin-dir DIR] [--keep] [--keep-topics]
+#                  [--learner fake|runtime] [--spill-dir DIR] [--restart] [--bin-dir DIR] [--keep] [--keep-topics]
 #
 # The model is configs/tiny.toml widened (--width, --layers; heads 16): about 12 x width^2 x layers
 # parameters; or, with --tensors "embed=128256x4096,...", those tensors, a tensor larger than a
@@ -30,13 +30,14 @@
 # lands (the fragment's values in its buffers against the merge log). --restart: once the mergers
 # stopped, each is started again and must recover every fragment it owned at the newest version
 # with the merge log's checksum, from its newest checkpoint (with --checkpoint-every: one above
-# 2 GiB read back at full size) and the merge records after it. Needs a running broker (scripts/broker start) and the build (build/bin or --bin-dir).
+# 2 GiB read back at full size) and the merge records after it. --spill-dir DIR: the runtime keeps
+# its residuals and values at a cut in files there (RuntimeOptions::spill_dir). Needs a running broker (scripts/broker start) and the build (build/bin or --bin-dir).
 # Kills every process it started on exit; deletes the topics of its runs unless --keep-topics.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BIN="${DILOCO_BIN_DIR:-$ROOT/build/bin}"
 BOOTSTRAP="${DILOCO_BOOTSTRAP:-127.0.0.1:19092}"
-width=1024 layers=8 fragments=8 learners=2 rounds=3 pace=0 instances="1 2" keep=0 keep_topics=0 tensors="" checkpoint_every=1000 only="" learner=fake restart=0
+width=1024 layers=8 fragments=8 learners=2 rounds=3 pace=0 instances="1 2" keep=0 keep_topics=0 tensors="" checkpoint_every=1000 only="" learner=fake restart=0 spill_dir=""
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --width) width="$2"; shift 2 ;;
@@ -54,7 +55,8 @@ while [[ $# -gt 0 ]]; do
     --only) only="$2"; shift 2 ;;
     --learner) learner="$2"; shift 2 ;;
     --restart) restart=1; shift ;;
-    -h|--help) sed -n '2,31p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --spill-dir) spill_dir="$2"; shift 2 ;;
+    -h|--help) sed -n '2,35p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "scale.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -170,7 +172,7 @@ scale_case() {  # instances
     # subscriber); it returns once it holds a version per delta it cut.
     t0=$(date +%s.%N)
     "$BIN/bench-runtime_learner" -c "$config" "${rs[@]}" "${model[@]}" --rounds "$rounds" --region r0 \
-      --bootstrap "$BOOTSTRAP" --run-dir "$dir/learner" --summary "$dir/produced.json" 2>"$dir/learner.log" ||
+      ${spill_dir:+--spill-dir "$spill_dir"} --bootstrap "$BOOTSTRAP" --run-dir "$dir/learner" --summary "$dir/produced.json" 2>"$dir/learner.log" ||
       { echo "scale.sh: bench-runtime_learner failed:" >&2; tail -n 20 "$dir/learner.log" >&2; return 1; }
   else
     "$BIN/bench-subscribe" -c "$config" "${rs[@]}" "${model[@]}" --bootstrap "$BOOTSTRAP" --summary "$dir/subscriber.json" \

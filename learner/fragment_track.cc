@@ -1,5 +1,6 @@
 #include "learner/fragment_track.h"
 
+#include <functional>
 #include <span>
 #include <utility>
 
@@ -19,8 +20,12 @@ float blend_value(double alpha, float local, float received) {
 // range quantized on its own (ranges start on whole blocks, so the bits are those of the whole).
 constexpr size_t kRangeValues = size_t{1} << 20;
 
+// Called after each range [b, b + len) of a tensor is done (to copy or let go of it).
+using AfterRange = std::function<void(size_t b, size_t len)>;
+
 void quantize_progress(std::span<const float> anchor, std::span<const float> values, std::span<float> residual,
-                       DType dtype, uint32_t block_size, uint32_t topk, QuantizedTensor* q) {
+                       DType dtype, uint32_t block_size, uint32_t topk, QuantizedTensor* q,
+                       const AfterRange& after_range) {
   const size_t n = anchor.size();
   const size_t align = feedback_alignment(dtype, block_size);
   const size_t range = std::max(align, kRangeValues / align * align);
@@ -36,12 +41,25 @@ void quantize_progress(std::span<const float> anchor, std::span<const float> val
       QuantizedTensor part = feedback_result(0, {static_cast<int64_t>(len)}, dtype, block_size);
       feedback_range(part, d, residual.subspan(b, len), {}, 0, len, scratch, topk);
     }
+    if (after_range) after_range(b, len);
   }
 }
 
 FragmentTrack::Model spans_of(std::vector<DenseTensor>& tensors) {
   FragmentTrack::Model out;
   for (auto& t : tensors) out.emplace_back(t.values);
+  return out;
+}
+
+FragmentTrack::Model spans_of(const ValueStore& store) {
+  FragmentTrack::Model out;
+  for (size_t t = 0; t < store.size(); ++t) out.push_back(store[t]);
+  return out;
+}
+
+FragmentTrack::Model spans_of(std::vector<std::vector<float>>& vectors) {
+  FragmentTrack::Model out;
+  for (auto& v : vectors) out.emplace_back(v);
   return out;
 }
 
@@ -62,13 +80,17 @@ std::vector<DenseTensor> blend(const std::vector<DenseTensor>& local, const std:
   return out;
 }
 
-FragmentTrack::FragmentTrack(std::vector<DenseTensor> anchor, uint64_t version, uint64_t checksum)
-    : FragmentTrack(std::make_shared<const std::vector<DenseTensor>>(std::move(anchor)), version, checksum) {}
+FragmentTrack::FragmentTrack(std::vector<DenseTensor> anchor, uint64_t version, uint64_t checksum,
+                             const std::string& spill_dir)
+    : FragmentTrack(std::make_shared<const std::vector<DenseTensor>>(std::move(anchor)), version, checksum,
+                    spill_dir) {}
 
-FragmentTrack::FragmentTrack(Version anchor, uint64_t version, uint64_t checksum)
-    : version_(version), checksum_(checksum), anchor_(std::move(anchor)) {
+FragmentTrack::FragmentTrack(Version anchor, uint64_t version, uint64_t checksum, const std::string& spill_dir)
+    : spill_dir_(spill_dir), version_(version), checksum_(checksum), anchor_(std::move(anchor)) {
   DILOCO_ENFORCE(anchor_ != nullptr, "FragmentTrack: a null anchor");
-  for (const auto& t : *anchor_) carried_.emplace_back(t.values.size(), 0.0f);
+  std::vector<size_t> sizes;
+  for (const auto& t : *anchor_) sizes.push_back(t.values.size());
+  carried_ = ValueStore(sizes, spill_dir_);
 }
 
 const std::vector<DenseTensor>& FragmentTrack::anchor() const {
@@ -83,6 +105,19 @@ void FragmentTrack::count_step(uint64_t tokens) {
 
 CutDelta FragmentTrack::cut(std::vector<std::vector<float>> current, DType dtype, uint32_t block_size,
                            uint32_t topk) {
+  const Model spans = spans_of(current);
+  if (!spill_dir_.empty()) return cut_into(spans, nullptr, dtype, block_size, topk);
+  // Kept, not copied: one fragment's values fewer at a cut (moving the vectors keeps their data).
+  ValueStore kept = ValueStore::of(std::move(current), {});
+  return cut_into(spans, &kept, dtype, block_size, topk);
+}
+
+CutDelta FragmentTrack::cut_from(const Model& current, DType dtype, uint32_t block_size, uint32_t topk) {
+  return cut_into(current, nullptr, dtype, block_size, topk);
+}
+
+CutDelta FragmentTrack::cut_into(const Model& current, ValueStore* kept, DType dtype, uint32_t block_size,
+                                 uint32_t topk) {
   const std::vector<DenseTensor>& anchors = anchor();
   if (current.size() != anchors.size())
     throw InvalidInput(detail::concat("delta: ", current.size(), " tensors, the anchor has ", anchors.size()));
@@ -90,29 +125,52 @@ CutDelta FragmentTrack::cut(std::vector<std::vector<float>> current, DType dtype
     if (current[t].size() != anchors[t].values.size())
       throw InvalidInput(detail::concat("delta: tensor ", t, " has ", current[t].size(), " values, the anchor ",
                                         anchors[t].values.size()));
+  // The values at the cut: those given (already the current values), or a copy made range by range.
+  const bool copy = kept == nullptr;
+  ValueStore point;
+  if (copy) {
+    std::vector<size_t> sizes;
+    for (const auto& v : current) sizes.push_back(v.size());
+    point = ValueStore(sizes, spill_dir_);
+  } else {
+    point = std::move(*kept);
+  }
   const CutCodec codec{.dtype = dtype, .block_size = block_size, .topk = topk};
   CutDelta out{.base_version = version_, .inner_steps = steps_, .tokens = tokens_, .tensors = {}};
   out.tensors.reserve(current.size());
   // An earlier cut on this base is superseded: start from the carried residual.
   for (uint32_t t = 0; t < current.size(); ++t) {
     QuantizedTensor q = feedback_result(t, anchors[t].shape, dtype, block_size);
-    quantize_progress(anchors[t].values, current[t], carried_[t], dtype, block_size, topk, &q);
+    quantize_progress(anchors[t].values, current[t], carried_[t], dtype, block_size, topk, &q,
+                      [&](size_t b, size_t len) {
+                        if (copy) std::copy_n(current[t].begin() + static_cast<std::ptrdiff_t>(b), len,
+                                              point[t].begin() + static_cast<std::ptrdiff_t>(b));
+                        point.release(t, b, b + len);
+                        carried_.release(t, b, b + len);
+                      });
     out.tensors.push_back(std::move(q));
   }
+  point.release_all();
+  carried_.release_all();
   sent_on_base_ = true;
   last_cut_.clear();
   cut_codec_ = codec;
-  cut_point_ = std::move(current);  // kept, not copied: one fragment's values fewer at a cut
+  cut_point_ = std::move(point);
   steps_at_cut_ = steps_;
   tokens_at_cut_ = tokens_;
   return out;
 }
 
-void FragmentTrack::residual_after_cut(std::vector<std::vector<float>>& residual) const {
+void FragmentTrack::residual_after_cut(const Model& residual, const ValueStore* store) const {
   DILOCO_ENFORCE(cut_codec_ && residual.size() == cut_point_.size(), "no cut to compute the residual of");
   for (size_t t = 0; t < residual.size(); ++t)
     quantize_progress(anchor()[t].values, cut_point_[t], residual[t], cut_codec_->dtype, cut_codec_->block_size,
-                      cut_codec_->topk, nullptr);
+                      cut_codec_->topk, nullptr, [&](size_t b, size_t len) {
+                        cut_point_.release(t, b, b + len);
+                        if (store) store->release(t, b, b + len);
+                      });
+  cut_point_.release_all();
+  if (store) store->release_all();
 }
 
 void FragmentTrack::check_received(const std::vector<DenseTensor>& received, const Model& model,
@@ -133,9 +191,9 @@ void FragmentTrack::check_received(const std::vector<DenseTensor>& received, con
 void FragmentTrack::start_base(uint64_t version, uint64_t checksum, Version received) {
   if (sent_on_base_) {
     if (!last_cut_.empty())
-      carried_ = std::move(last_cut_);
+      carried_ = ValueStore::of(std::move(last_cut_), spill_dir_);
     else
-      residual_after_cut(carried_);
+      residual_after_cut(spans_of(carried_), &carried_);
   }
   last_cut_.clear();
   cut_codec_.reset();
@@ -156,11 +214,16 @@ void FragmentTrack::rebase_into(uint64_t version, uint64_t checksum, Version rec
   check_received(received, model, "rebase");
   // received + (local - from), written over the local values.
   for (size_t t = 0; t < model.size(); ++t) {
-    const std::vector<float>& from = sent_on_base_ ? cut_point_.at(t) : anchor()[t].values;
+    const std::span<const float> from = sent_on_base_ ? cut_point_[t] : std::span<const float>(anchor()[t].values);
     const auto& r = received[t].values;
     const std::span<float> v = model[t];
-    for (size_t i = 0; i < v.size(); ++i) v[i] = r[i] + (v[i] - from[i]);
+    for (size_t b = 0; b < v.size(); b += kRangeValues) {
+      const size_t end = std::min(v.size(), b + kRangeValues);
+      for (size_t i = b; i < end; ++i) v[i] = r[i] + (v[i] - from[i]);
+      if (sent_on_base_) cut_point_.release(t, b, end);
+    }
   }
+  cut_point_.release_all();
   if (sent_on_base_) {
     steps_ -= steps_at_cut_;
     tokens_ -= tokens_at_cut_;
@@ -228,20 +291,20 @@ std::optional<uint64_t> FragmentTrack::awaited_base() const {
   return awaiting_->base;
 }
 
-std::vector<std::vector<float>> FragmentTrack::carried_residual() const { return carried_; }
+std::vector<std::vector<float>> FragmentTrack::carried_residual() const { return carried_.to_vectors(); }
 
 FragmentTrack::Saved FragmentTrack::save() const {
   std::vector<std::vector<float>> last_cut;
   if (sent_on_base_) {
-    last_cut = last_cut_.empty() ? carried_ : last_cut_;
-    if (last_cut_.empty()) residual_after_cut(last_cut);
+    last_cut = last_cut_.empty() ? carried_.to_vectors() : last_cut_;
+    if (last_cut_.empty()) residual_after_cut(spans_of(last_cut), nullptr);
   }
-  return Saved{.version = version_, .checksum = checksum_, .anchor = anchor(), .carried = carried_,
+  return Saved{.version = version_, .checksum = checksum_, .anchor = anchor(), .carried = carried_.to_vectors(),
                .last_cut = std::move(last_cut), .sent_on_base = sent_on_base_, .steps = steps_, .tokens = tokens_,
-               .cut_point = cut_point_, .steps_at_cut = steps_at_cut_, .tokens_at_cut = tokens_at_cut_};
+               .cut_point = cut_point_.to_vectors(), .steps_at_cut = steps_at_cut_, .tokens_at_cut = tokens_at_cut_};
 }
 
-FragmentTrack FragmentTrack::restore(Saved saved) {
+FragmentTrack FragmentTrack::restore(Saved saved, const std::string& spill_dir) {
   const size_t n = saved.anchor.size();
   auto sizes_match = [&](const std::vector<std::vector<float>>& list, bool may_be_empty) {
     if (list.empty()) return may_be_empty;
@@ -254,13 +317,13 @@ FragmentTrack FragmentTrack::restore(Saved saved) {
       !sizes_match(saved.cut_point, !saved.sent_on_base) || saved.steps_at_cut > saved.steps ||
       saved.tokens_at_cut > saved.tokens)
     throw InvalidInput("a saved fragment's residuals, cut point or counters do not agree with its anchor");
-  FragmentTrack out(std::move(saved.anchor), saved.version, saved.checksum);
-  out.carried_ = std::move(saved.carried);
+  FragmentTrack out(std::move(saved.anchor), saved.version, saved.checksum, spill_dir);
+  out.carried_ = ValueStore::of(std::move(saved.carried), spill_dir);
   out.last_cut_ = std::move(saved.last_cut);
   out.sent_on_base_ = saved.sent_on_base;
   out.steps_ = saved.steps;
   out.tokens_ = saved.tokens;
-  out.cut_point_ = std::move(saved.cut_point);
+  if (!saved.cut_point.empty()) out.cut_point_ = ValueStore::of(std::move(saved.cut_point), spill_dir);
   out.steps_at_cut_ = saved.steps_at_cut;
   out.tokens_at_cut_ = saved.tokens_at_cut;
   return out;

@@ -16,17 +16,21 @@
 // after the last cut is not kept: at adoption it is computed again from the anchor, the values at
 // the cut and the carried residual, with the cut's codec settings (quantization is deterministic,
 // so these are the bits the cut left), and a cut or a recomputation works a range of values at a
-// time, with no buffer of a whole tensor.
+// time, with no buffer of a whole tensor. With a spill directory the carried residual and the
+// values at the cut live in files there (ValueStore), read and written a range at a time and let
+// go of after each range: the track then holds one value per parameter in memory, the anchor.
 #pragma once
 
 #include <cstdint>
 #include <memory>
 #include <optional>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "core/codec/messages.h"
 #include "core/codec/quantize.h"
+#include "core/files/value_store.h"
 
 namespace diloco {
 
@@ -65,9 +69,12 @@ class FragmentTrack {
   using Version = std::shared_ptr<const std::vector<DenseTensor>>;
 
   FragmentTrack() = default;
-  // Starts on `version` whose parameters are `anchor`, with zero residual and counters.
-  FragmentTrack(std::vector<DenseTensor> anchor, uint64_t version, uint64_t checksum = 0);
-  FragmentTrack(Version anchor, uint64_t version, uint64_t checksum = 0);
+  // Starts on `version` whose parameters are `anchor`, with zero residual and counters. With a
+  // `spill_dir`, the residual and the values at a cut are kept in files there (see Memory above);
+  // IoError when it cannot hold them.
+  FragmentTrack(std::vector<DenseTensor> anchor, uint64_t version, uint64_t checksum = 0,
+                const std::string& spill_dir = {});
+  FragmentTrack(Version anchor, uint64_t version, uint64_t checksum = 0, const std::string& spill_dir = {});
 
   // One inner step done (every fragment trains at every step).
   void count_step(uint64_t tokens);
@@ -81,6 +88,10 @@ class FragmentTrack {
   // The model's fragment as it is held: one span per tensor of the fragment, in layout order (the
   // learner's host buffers). adopt_into and rebase_into write the adopted values straight into it.
   using Model = std::vector<std::span<float>>;
+
+  // The same cut read from the model's buffers (only read): the values at the cut are copied a
+  // range at a time into the track's store, never whole into memory when it spills.
+  CutDelta cut_from(const Model& current, DType dtype, uint32_t block_size, uint32_t topk = 0);
 
   // Adopts a newer version: it becomes the anchor and base, the counters restart at 0 and a wait
   // for a version above the last cut's base ends. `model` (which holds the local values) is
@@ -136,7 +147,8 @@ class FragmentTrack {
   Saved save() const;
   // Throws InvalidInput when the saved sizes do not agree with its anchor. The residual after the
   // last cut is kept as saved (the codec settings it was cut with are not saved).
-  static FragmentTrack restore(Saved saved);
+  static FragmentTrack restore(Saved saved, const std::string& spill_dir = {});
+  bool spilled() const { return carried_.spilled(); }
 
  private:
   struct Wait {
@@ -151,24 +163,27 @@ class FragmentTrack {
     uint32_t topk = 0;
   };
 
+  std::string spill_dir_;  // empty: the residual and the values at a cut in memory
   uint64_t version_ = 0;
   uint64_t checksum_ = 0;
   Version anchor_;  // null until a version is held
-  std::vector<std::vector<float>> carried_;   // residual carried into the current base
+  ValueStore carried_;                        // residual carried into the current base
   std::vector<std::vector<float>> last_cut_;  // residual after the latest cut, only as restored
   std::optional<CutCodec> cut_codec_;         // set by a cut on the current base
   bool sent_on_base_ = false;
   uint32_t steps_ = 0;
   uint64_t tokens_ = 0;
-  std::vector<std::vector<float>> cut_point_;  // the parameters at the latest cut on the base
+  ValueStore cut_point_;  // the parameters at the latest cut on the base
   uint32_t steps_at_cut_ = 0;
   uint64_t tokens_at_cut_ = 0;
   std::optional<Wait> awaiting_;
 
   void check_received(const std::vector<DenseTensor>& received, const Model& model, const char* what) const;
   // The residual the latest cut on the base left, per tensor: `residual` holds the carried one
-  // and is overwritten.
-  void residual_after_cut(std::vector<std::vector<float>>& residual) const;
+  // and is overwritten (`store`, when given, is what it spans: its ranges are let go of as done).
+  void residual_after_cut(const Model& residual, const ValueStore* store) const;
+  // A cut of `current`; `kept` (when given) already holds those values and becomes the cut point.
+  CutDelta cut_into(const Model& current, ValueStore* kept, DType dtype, uint32_t block_size, uint32_t topk);
   void start_base(uint64_t version, uint64_t checksum, Version received);
 };
 

@@ -228,6 +228,9 @@ LearnerRuntime::Impl::Impl(RuntimeOptions options, std::vector<RegisteredTensor>
       if (tensors[t].host == nullptr) throw InvalidInput("tensor '" + tensors[t].name + "' has no host buffer");
   if (o.learner_id.empty()) throw InvalidInput("the learner id is empty");
   if (o.region.empty()) throw InvalidInput("the region is empty");
+  if (!o.spill_dir.empty() && !std::filesystem::is_directory(o.spill_dir))
+    throw InvalidInput("the spill directory '" + o.spill_dir +
+                       "' is not a directory: create it, or leave it unset to keep the residuals in memory");
   if ((o.batch == 0) != (o.context == 0))
     throw InvalidInput(detail::concat("batch ", o.batch, " and context ", o.context,
                                       ": declare both (sequences per step, tokens per sequence) or neither"));
@@ -412,7 +415,8 @@ bool LearnerRuntime::Impl::join_run() {
         auto held = std::make_shared<const FragmentParams>(
             FragmentParams{.run_id = state.run_id, .fingerprint = state.fingerprint, .fragment = p,
                            .version = state.version, .checksum = state.checksum, .tensors = std::move(state.params)});
-        fragments[p] = FragmentTrack(FragmentTrack::Version(held, &held->tensors), state.version, state.checksum);
+        fragments[p] = FragmentTrack(FragmentTrack::Version(held, &held->tensors), state.version, state.checksum,
+                                     o.spill_dir);
         held_at_start.push_back(std::move(held));
       }
       return true;
@@ -497,7 +501,9 @@ void LearnerRuntime::Impl::publish_delta(uint32_t p, float loss, bool early) {
   auto& f = fragments[p];
   if (f.steps() == 0) return;
   const auto& codec = o.config.codec;
-  CutDelta cut = f.cut(read_values(p), codec.dtype, codec.block_size, codec.topk);
+  // Read from the host buffers: the values at the cut are copied a range at a time into the
+  // track (into its spill directory when it has one).
+  CutDelta cut = f.cut_from(host_view(p, true), codec.dtype, codec.block_size, codec.topk);
   DeltaHeader h;
   h.run_id = o.config.run.id;
   h.fingerprint = layout->fingerprint;
@@ -691,7 +697,7 @@ bool LearnerRuntime::start() {
   if (!s.networked()) {
     // A standalone learner trains from the client's values, as version 0 of every fragment.
     for (uint32_t p = 0; p < s.layout->num_fragments(); ++p)
-      if (s.takes_part[p]) s.fragments[p] = FragmentTrack(s.read_tensors(p), 0);
+      if (s.takes_part[p]) s.fragments[p] = FragmentTrack(s.read_tensors(p), 0, 0, s.o.spill_dir);
     s.schedule.emplace(schedule, 0);
     s.last_step_end = Clock::now();
     return true;
@@ -948,7 +954,8 @@ void LearnerRuntime::load_state(std::span<const uint8_t> bytes) {
     s.fragments[p] = FragmentTrack::restore(FragmentTrack::Saved{
         .version = f.version, .checksum = f.checksum, .anchor = std::move(f.anchor), .carried = std::move(f.carried),
         .last_cut = std::move(f.last_cut), .sent_on_base = f.sent_on_base, .steps = f.steps, .tokens = f.tokens,
-        .cut_point = std::move(f.cut_point), .steps_at_cut = f.steps_at_cut, .tokens_at_cut = f.tokens_at_cut});
+        .cut_point = std::move(f.cut_point), .steps_at_cut = f.steps_at_cut, .tokens_at_cut = f.tokens_at_cut},
+        s.o.spill_dir);
     s.seqs[p] = std::max(s.seqs[p], f.seq);
     // The run moved on while this learner was away: rebase its saved progress onto the version it
     // joined at, as an adoption would.

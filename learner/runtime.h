@@ -113,6 +113,12 @@ struct RuntimeOptions {
   // fragments of a model too large for one machine (bench/scale.sh --only); a run trains every
   // fragment only if every fragment has a learner.
   std::vector<uint32_t> fragments;
+  // A directory where each fragment's error-feedback residual and values at its last cut are kept
+  // (8 bytes per parameter, in unlinked files: nothing is left there when the process ends) and
+  // read a range at a time, instead of memory; empty: in memory. For fragments larger than the
+  // host's memory allows (docs/operations.md, "Memory per process"): a cut then writes its values
+  // to the directory, and a cut and an adoption read the residual back.
+  std::string spill_dir;
 };
 
 // What a client tells the runtime about one inner step.

@@ -52,6 +52,7 @@ int main(int argc, char** argv) {
   app.add_option("--speed-factor", b.speed_factor, "slow every step by this factor (2 = half speed) to emulate older hardware")->capture_default_str()->check(CLI::Range(1.0, 1000.0));
   app.add_option("--steps", b.steps, "stop after this many inner steps (default: train.total_steps)");
   app.add_option("--max-seconds", b.max_seconds, "stop after this many seconds (0: no limit)")->capture_default_str();
+  app.add_option("--spill-dir", o.spill_dir, "keep the error-feedback residuals and the values at each cut in files in this existing directory (8 bytes per parameter) instead of memory");
   app.add_option("--run-dir", o.run_dir, "folder for metrics.jsonl (created if missing; empty: no file)");
   app.add_option("--export", b.export_path, "write the model to this safetensors file at stop (--eval-only: the global model, refreshed after every evaluation); read it with diloco-sample");
   app.add_option("--metrics-port", o.metrics_port, "serve Prometheus metrics on 127.0.0.1:PORT/metrics (0: off)")->capture_default_str();

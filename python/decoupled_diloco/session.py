@@ -157,6 +157,10 @@ class Session:
             are never read or written (their :attr:`versions` stay 0): a run trains every fragment
             only if every fragment has a learner. A saved state loads only into a session of the
             same fragments.
+        spill_dir: an existing directory where the error-feedback residuals and the values at
+            each fragment's last cut are kept (8 bytes per parameter, in files unlinked at once)
+            instead of host memory, read and written a range at a time: for a model whose host
+            state does not fit (docs/operations.md, "Memory per process"). Default: in memory.
 
     Raises:
         InvalidInputError: a tensor that is not float32 or not contiguous, a model that differs
@@ -172,7 +176,8 @@ class Session:
                  run_dir: Optional[PathLike] = None, metrics_port: int = 0, index: int = 0, learners: int = 1,
                  total_steps: Optional[int] = None, connect_timeout: float = 30.0, genesis_timeout: float = 600.0,
                  log_every: int = 10, merger_endpoints: Sequence[str] = (), batch: Optional[int] = None,
-                 context: Optional[int] = None, fragments: Optional[Sequence[int]] = None):
+                 context: Optional[int] = None, fragments: Optional[Sequence[int]] = None,
+                 spill_dir: Optional[PathLike] = None):
         if mode not in ("train", "eval"):
             raise InvalidInputError(f"mode must be 'train' or 'eval', not {mode!r}")
         for name, value in (("batch", batch), ("context", context)):
@@ -208,6 +213,7 @@ class Session:
             "total_steps": int(total_steps or 0), "genesis_timeout": float(genesis_timeout),
             "log_every": int(log_every), "merger_endpoints": list(merger_endpoints), "client": "python",
             "batch": batch, "context": context, "fragments": fragments,
+            "spill_dir": os.fspath(spill_dir) if spill_dir else None,
         }
         self._runtime = _native().Runtime(
             os.fspath(config), [str(o) for o in overrides], [t.name for t in self._tensors],

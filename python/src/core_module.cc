@@ -93,6 +93,7 @@ class Runtime {
     o.region = text("region", "");
     o.kafka = kafka_options(text("bootstrap", default_bootstrap_servers()), number("connect_timeout", 30), o.learner_id);
     o.run_dir = text("run_dir", "");
+    o.spill_dir = text("spill_dir", "");
     o.metrics_port = static_cast<int>(number("metrics_port", 0));
     o.index = static_cast<uint32_t>(number("index", 0));
     o.learners = static_cast<uint32_t>(number("learners", 1));

@@ -11,6 +11,7 @@
 #include "core/errors.h"
 #include "core/fragments/schedule.h"
 #include "learner/fragment_track.h"
+#include "tests/temp_dir.h"
 
 using namespace diloco;
 
@@ -251,14 +252,27 @@ TEST_CASE("a cut and the residual carried at adoption are those of quantizing th
   auto bits = [](const std::vector<float>& a, const std::vector<float>& b) {
     return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
   };
+  // The same with the residual and the values at the cut spilled to a directory, the cut read
+  // from the model's buffers.
+  test::TempDir dir("diloco-track-spill");
+  const std::string spill = GENERATE(as<std::string>{}, "", "spill");
+  const std::string spill_dir = spill.empty() ? "" : dir.path.string();
   for (const uint32_t topk : {0u, 8u}) {
     const auto anchor = fill(1.0f), first = fill(1.0f), second = fill(1.0f), third = fill(1.0f);
-    FragmentTrack f(anchor, 0);
+    FragmentTrack f(anchor, 0, 0, spill_dir);
+    CHECK(f.spilled() == !spill_dir.empty());
     f.count_step(1);
     // The first cut, on base 0: its residual becomes the carried one at adoption.
     std::vector<std::vector<float>> at_cut;
     for (const auto& t : first) at_cut.push_back(t.values);
-    f.cut(at_cut, DType::INT4, 64, topk);
+    if (spill_dir.empty()) {
+      f.cut(at_cut, DType::INT4, 64, topk);
+    } else {
+      FragmentTrack::Model model;
+      for (auto& v : at_cut) model.emplace_back(v);
+      f.cut_from(model, DType::INT4, 64, topk);
+      for (auto& v : at_cut) std::fill(v.begin(), v.end(), 0.0f);  // the track holds its own copy
+    }
     std::vector<std::vector<float>> expected_residual;
     for (size_t t = 0; t < sizes.size(); ++t) {
       std::vector<float> delta(sizes[t]), residual(sizes[t], 0.0f), scratch;
@@ -269,7 +283,13 @@ TEST_CASE("a cut and the residual carried at adoption are those of quantizing th
     }
     CHECK(f.save().last_cut.size() == sizes.size());
     for (size_t t = 0; t < sizes.size(); ++t) CHECK(bits(f.save().last_cut[t], expected_residual[t]));
-    f.rebase(1, 0, second, third);
+    const auto rebased = f.rebase(1, 0, second, third);
+    for (size_t t = 0; t < sizes.size(); ++t) {  // second + (third - first), value by value
+      std::vector<float> expected(sizes[t]);
+      for (size_t i = 0; i < sizes[t]; ++i)
+        expected[i] = second[t].values[i] + (third[t].values[i] - first[t].values[i]);
+      CHECK(bits(rebased[t].values, expected));
+    }
     const auto carried = f.carried_residual();
     for (size_t t = 0; t < sizes.size(); ++t) CHECK(bits(carried[t], expected_residual[t]));
     // The next cut starts from it and leaves it as it is.

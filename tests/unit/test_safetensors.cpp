@@ -13,21 +13,15 @@
 
 #include "core/errors.h"
 #include "core/files/safetensors.h"
+#include "tests/temp_dir.h"
 
 using namespace diloco;
 using Catch::Matchers::Contains;
 
 namespace {
 
-struct TempDir {
-  std::filesystem::path path;
-  TempDir() {
-    path = std::filesystem::temp_directory_path() /
-           ("diloco-safetensors-" + std::to_string(::getpid()) + "-" +
-            std::to_string(std::chrono::steady_clock::now().time_since_epoch().count()));
-    std::filesystem::create_directories(path);
-  }
-  ~TempDir() { std::filesystem::remove_all(path); }
+struct TempDir : test::TempDir {
+  TempDir() : test::TempDir("diloco-safetensors") {}
 };
 
 std::string read_bytes(const std::filesystem::path& path) {
