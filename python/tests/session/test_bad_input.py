@@ -158,6 +158,15 @@ def test_a_bad_batch_or_context_is_refused_naming_it(run, merger, before, layout
     assert_run_unchanged(run, merger, before)
 
 
+def test_a_spill_dir_that_is_not_a_directory_is_refused_naming_it(run, merger, before, layout, tmp_path):
+    for where in (tmp_path / "missing", tmp_path / "a-file"):
+        if where.name == "a-file":
+            where.write_text("")
+        with pytest.raises(InvalidInputError, match=re.escape(f"the spill directory '{where}' is not a directory")):
+            run.session(layout(1), learner_id="other", spill_dir=where)
+    assert_run_unchanged(run, merger, before)
+
+
 def test_a_step_of_more_tokens_than_the_declared_batch_x_context_is_refused_and_counts_nothing(run, merger, before,
                                                                                                  layout):
     """The mergers would refuse every delta of a learner whose steps claim more tokens than it

@@ -5,6 +5,7 @@ Expected values come from the run's logs (read_version) and the values the test 
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 
 import decoupled_diloco as dd
@@ -26,15 +27,20 @@ def copy(parameters: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     return {name: value.copy() for name, value in parameters.items()}
 
 
-def test_a_restored_session_continues_at_the_saved_step_with_its_progress_rebased(run, layout):
+@pytest.mark.parametrize("spill", [False, True], ids=["in-memory", "spilled"])
+def test_a_restored_session_continues_at_the_saved_step_with_its_progress_rebased(run, layout, tmp_path, spill):
     """A learner restarted from a checkpoint older than its crash, after the run moved on, keeps
     the checkpoint's progress: its model becomes the new global version plus what it had trained
-    since its base, and its next delta carries those steps."""
+    since its base, and its next delta carries those steps. The same with the residuals and the
+    values at a cut in a spill directory, which holds no file once the sessions are made."""
     # A checkpoint in the state topic at every version: a session joins at the newest version.
     merger = run.merger("--set", "merger.checkpoint_every=1")
+    spill_dir = tmp_path / "spill"
+    spill_dir.mkdir()
+    kept = dict(spill_dir=spill_dir) if spill else {}
     parameters = layout(0)
     version_0 = copy(parameters)  # the run's first learner proposes version 0: these values
-    first = run.session(parameters, learner_id="eu-0")
+    first = run.session(parameters, learner_id="eu-0", **kept)
     train(first, parameters, 5)
     state, checkpoint = first.state_dict(), copy(parameters)
     train(first, parameters, 3)  # lost in the crash: the checkpoint is older
@@ -49,7 +55,7 @@ def test_a_restored_session_continues_at_the_saved_step_with_its_progress_rebase
     assert list(info["versions"].values()) == moved_to
 
     parameters = layout(2)  # what the restarted process holds before it restores its checkpoint
-    restored = run.session(parameters, learner_id="eu-0", run_dir=run.folder / "eu-0")
+    restored = run.session(parameters, learner_id="eu-0", run_dir=run.folder / "eu-0", **kept)
     assert restored.step_count == 8  # the step the first session announced when it closed
     assert restored.versions == moved_to
     for name, value in checkpoint.items():
@@ -64,6 +70,7 @@ def test_a_restored_session_continues_at_the_saved_step_with_its_progress_rebase
     train(restored, parameters, H_OVER_P - 5)
     assert [(d["step"], d["fragment"], d["base_version"], d["inner_steps"]) for d in run.events("eu-0", "delta")] == \
            [(H_OVER_P, 0, moved_to[0], H_OVER_P)]
+    assert list(spill_dir.iterdir()) == []  # the files are unlinked as they are made
     restored.close()
     assert merger.stop() == 0
     run.assert_audit_and_verify_pass()
